@@ -1,0 +1,131 @@
+# castor: make (library + CLI), make check, make demo, make bench,
+# make check-gpu, make check-sanitize, make fuzz.
+#
+# Every tool and path can be overridden: make CC=clang CUDA_HOME=/opt/cuda.
+# CUDA is built whenever nvcc is found; NO_CUDA=1 opts out, USE_CUDA=1 makes
+# a missing nvcc an error.
+
+CC        ?= gcc
+BUILD     ?= build
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
+PKG_CONFIG ?= pkg-config
+# Machine code for sm_75 through sm_90 (CUDA 13 supports nothing older) plus
+# PTX for newer GPUs.
+CUDA_ARCHS ?= -gencode arch=compute_75,code=sm_75 -gencode arch=compute_80,code=sm_80 \
+              -gencode arch=compute_86,code=sm_86 -gencode arch=compute_89,code=sm_89 \
+              -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+OPT       ?= -O2
+SANITIZE  ?=
+
+BLAS_CFLAGS ?= $(shell $(PKG_CONFIG) --cflags openblas 2>/dev/null)
+BLAS_LIBS   ?= $(shell $(PKG_CONFIG) --libs openblas 2>/dev/null || echo -lopenblas)
+CJSON_CFLAGS ?= $(shell $(PKG_CONFIG) --cflags libcjson 2>/dev/null)
+CJSON_LIBS   ?= $(shell $(PKG_CONFIG) --libs libcjson 2>/dev/null || echo -lcjson)
+
+WARN    = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wvla
+CFLAGS  ?= $(OPT) -g
+ALL_CFLAGS = -std=c11 -D_GNU_SOURCE -DCASTOR_BUILDING $(WARN) $(CFLAGS) $(SANITIZE) \
+             -fPIC -fvisibility=hidden -pthread -MMD -MP \
+             -Iinclude -I. $(BLAS_CFLAGS) $(CJSON_CFLAGS)
+LDLIBS  = $(BLAS_LIBS) $(CJSON_LIBS) -lz -lm -pthread
+
+ifeq ($(NO_CUDA),1)
+  NVCC :=
+endif
+ifeq ($(USE_CUDA),1)
+  ifeq ($(NVCC),)
+    $(error USE_CUDA=1 but nvcc was not found (set NVCC= or CUDA_HOME=))
+  endif
+endif
+
+LIB_SRC  = $(wildcard src/*.c) $(wildcard host/*.c) $(wildcard device/*.c) $(wildcard device/cpu/*.c)
+ifneq ($(NVCC),)
+  HAVE_CUDA = 1
+  LIB_SRC  += $(wildcard device/cuda/*.c)
+  CU_SRC    = $(wildcard device/cuda/*.cu)
+  ALL_CFLAGS += -DCASTOR_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+  NVCCFLAGS ?= -O2 -std=c++17 $(CUDA_ARCHS) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Werror \
+               -DCASTOR_BUILDING -DCASTOR_HAVE_CUDA=1 -Iinclude -I.
+  LDLIBS   += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -lcublas -lcudart -lnccl -lstdc++ \
+              -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib
+else
+  HAVE_CUDA = 0
+  LIB_SRC  += device/cuda_none.c
+  CU_SRC    =
+endif
+LIB_SRC := $(filter-out device/cuda_none.c,$(LIB_SRC)) $(if $(filter 0,$(HAVE_CUDA)),device/cuda_none.c)
+
+CLI_SRC  = $(wildcard src/cli/*.c) $(wildcard bench/*.c)
+TEST_SRC = $(wildcard tests/test_*.c)
+GPU_TEST_SRC = $(wildcard tests/gpu/test_*.c)
+
+LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
+CLI_OBJ  = $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_OBJ = $(TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/support.o
+GPU_TEST_OBJ = $(GPU_TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/support.o
+
+.PHONY: all lib cli check check-gpu check-sanitize demo bench fuzz clean deps info-build
+
+all: info-build lib cli
+
+info-build:
+	@echo "castor build: CUDA $(if $(filter 1,$(HAVE_CUDA)),✓ ($(NVCC)),✗ (no nvcc; NO_CUDA=$(NO_CUDA)))"
+
+lib: $(BUILD)/libcastor.a $(BUILD)/libcastor.so
+cli: $(BUILD)/castor
+
+$(BUILD)/libcastor.a: $(LIB_OBJ)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/libcastor.so: $(LIB_OBJ)
+	@mkdir -p $(@D)
+	$(CC) -shared -o $@ $^ $(SANITIZE) $(LDLIBS)
+
+$(BUILD)/castor: $(CLI_OBJ) $(BUILD)/libcastor.a
+	$(CC) -o $@ $(CLI_OBJ) $(BUILD)/libcastor.a $(SANITIZE) $(LDLIBS)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+# ---- tests ----
+$(BUILD)/castor-tests: $(TEST_OBJ) $(BUILD)/libcastor.a
+	$(CC) -o $@ $(TEST_OBJ) $(BUILD)/libcastor.a $(SANITIZE) -lcriterion $(LDLIBS)
+
+$(BUILD)/castor-gpu-tests: $(GPU_TEST_OBJ) $(BUILD)/libcastor.a
+	$(CC) -o $@ $(GPU_TEST_OBJ) $(BUILD)/libcastor.a $(SANITIZE) -lcriterion $(LDLIBS)
+
+# Criterion runs each test in its own process; CASTOR_TEST_JOBS limits
+# parallelism on small machines.
+CRITERION_FLAGS ?= --jobs=$(shell nproc 2>/dev/null || echo 2)
+
+check: deps-check $(BUILD)/castor-tests $(BUILD)/castor
+	$(BUILD)/castor-tests $(CRITERION_FLAGS)
+	bash tests/cli_test.sh $(BUILD)/castor
+
+check-gpu: deps-check $(BUILD)/castor-gpu-tests $(BUILD)/castor
+	$(BUILD)/castor-gpu-tests $(CRITERION_FLAGS)
+
+demo: deps-check $(BUILD)/castor
+	$(BUILD)/castor train --data fashion-mnist --layers 128:relu,10 --optimizer adam \
+	    --epochs 10 --batch 256 --strategy central --devices cpu:2 --seed 1 --json
+
+bench: deps-check $(BUILD)/castor
+	$(BUILD)/castor bench $(BENCH_ARGS)
+
+deps-check:
+	@bash scripts/install-deps --check-or-install
+
+deps:
+	bash scripts/install-deps
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

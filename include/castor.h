@@ -1,0 +1,334 @@
+/*
+ * castor: neural-network training with central storage.
+ *
+ * One master copy of every variable lives in pinned host memory and is
+ * updated on the CPU; one thread per device replica uploads the weights,
+ * computes gradients and hands them back. A mirrored strategy (a copy of the
+ * variables per device, gradients all-reduced, update on the device) runs
+ * beside it for comparison.
+ *
+ * This header is the whole public API: what is not declared here is not API.
+ * Conventions (after SQLite and libuv):
+ *   - every object is an opaque handle; constructors return a castor_status
+ *     and hand the object out through an out-parameter, also on failure
+ *     where one could be made, so that the caller can ask *_errmsg() why;
+ *   - destroying NULL is a no-op;
+ *   - each handle keeps the text of its last error; castor_errstr() gives a
+ *     static text for any status code;
+ *   - the library never prints and never exits: logging goes to the
+ *     callback given in castor_strategy_options;
+ *   - separate handles may be used from separate threads at once; one handle
+ *     must not be used from two threads at once.
+ */
+#ifndef CASTOR_H
+#define CASTOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(CASTOR_BUILDING) && defined(__GNUC__)
+#define CASTOR_API __attribute__((visibility("default")))
+#else
+#define CASTOR_API
+#endif
+
+#define CASTOR_VERSION_MAJOR 0
+#define CASTOR_VERSION_MINOR 1
+#define CASTOR_VERSION_PATCH 0
+#define CASTOR_VERSION_STRING "0.1.0"
+#define CASTOR_VERSION_NUMBER                                                   \
+    (CASTOR_VERSION_MAJOR * 10000 + CASTOR_VERSION_MINOR * 100 + CASTOR_VERSION_PATCH)
+
+/* The version this library was built as; compare with CASTOR_VERSION_NUMBER. */
+CASTOR_API int castor_version_number(void);
+CASTOR_API const char *castor_version(void);
+
+/* ---- status codes ---------------------------------------------------- */
+typedef enum castor_status {
+    CASTOR_OK = 0,
+    CASTOR_ERROR = 1,          /* generic failure; see the handle's errmsg */
+    CASTOR_NOMEM = 2,          /* host memory exhausted */
+    CASTOR_MISUSE = 3,         /* API called wrongly (NULL handle, wrong order) */
+    CASTOR_INVALID = 4,        /* a bad argument or option value */
+    CASTOR_IO = 5,             /* a file could not be read or written */
+    CASTOR_FORMAT = 6,         /* a file is malformed, truncated or corrupt */
+    CASTOR_DEVICE = 7,         /* a device (CUDA, cuBLAS, NCCL) call failed */
+    CASTOR_DEVICE_MEMORY = 8,  /* the device memory budget is exceeded */
+    CASTOR_UNSUPPORTED = 9,    /* not available in this build or on this machine */
+    CASTOR_INTERRUPTED = 10,   /* stopped on request (progress callback) */
+    CASTOR_MISMATCH = 11       /* a file does not match the model */
+} castor_status;
+
+/* A static English text for a status code; never NULL. */
+CASTOR_API const char *castor_errstr(int status);
+
+/* ---- logging ----------------------------------------------------------- */
+typedef enum castor_log_level {
+    CASTOR_LOG_ERROR = 0,
+    CASTOR_LOG_WARN = 1,
+    CASTOR_LOG_INFO = 2,
+    CASTOR_LOG_DEBUG = 3
+} castor_log_level;
+
+typedef void (*castor_log_fn)(void *user, castor_log_level level, const char *message);
+
+/* ---- strategy: where the variables live and which devices compute ------ */
+typedef enum castor_strategy_kind {
+    CASTOR_STRATEGY_CENTRAL = 0,  /* variables and optimizer on the host */
+    CASTOR_STRATEGY_MIRRORED = 1  /* a copy per device, all-reduced gradients */
+} castor_strategy_kind;
+
+typedef struct castor_strategy_options {
+    /* Device memory each emulated CPU device may use, in bytes; 0 means the
+     * default (1 GiB). CUDA devices are limited by their own memory, or by
+     * this value if it is non-zero and smaller. */
+    size_t device_memory_budget;
+    /* Host threads for the reduction and the optimizer; 0 = one per core. */
+    int host_threads;
+    /* Allow TF32 tensor-core math on CUDA devices (off: plain fp32). */
+    int tf32;
+    /* Messages at or below this level go to log_fn; default WARN. */
+    castor_log_level log_level;
+    castor_log_fn log_fn;  /* NULL: the library stays silent */
+    void *log_user;
+} castor_strategy_options;
+
+#define CASTOR_STRATEGY_OPTIONS_INIT {0, 0, 0, CASTOR_LOG_WARN, NULL, NULL}
+
+typedef struct castor_strategy castor_strategy;
+
+/*
+ * devices: a comma-separated list.
+ *   "cpu"        one emulated CPU device
+ *   "cpu:N"      N emulated CPU devices (N replicas)
+ *   "cuda"       every GPU
+ *   "cuda:0,cuda:1"  the GPUs listed
+ *   "cuda:0x4"   four logical replicas sharing GPU 0
+ * options may be NULL for the defaults.
+ */
+CASTOR_API int castor_strategy_create(castor_strategy **out, castor_strategy_kind kind,
+                                      const char *devices,
+                                      const castor_strategy_options *options);
+CASTOR_API void castor_strategy_free(castor_strategy *strategy);
+CASTOR_API const char *castor_strategy_errmsg(const castor_strategy *strategy);
+CASTOR_API int castor_strategy_replicas(const castor_strategy *strategy);
+CASTOR_API castor_strategy_kind castor_strategy_get_kind(const castor_strategy *strategy);
+/* "central" / "mirrored" */
+CASTOR_API const char *castor_strategy_kind_name(castor_strategy_kind kind);
+CASTOR_API int castor_strategy_kind_parse(const char *name, castor_strategy_kind *out);
+
+/* ---- devices this build can see (castor info) ------------------------- */
+typedef struct castor_device_info {
+    char name[128];             /* "cpu" or the GPU's name */
+    char kind[8];               /* "cpu" or "cuda" */
+    int ordinal;
+    size_t total_memory;        /* bytes */
+    int compute_major, compute_minor;
+    char pci_bus_id[32];
+} castor_device_info;
+
+/* Features compiled into this build: a static text such as "cuda nccl openblas". */
+CASTOR_API const char *castor_build_features(void);
+/* Number of CUDA GPUs present (0 with no driver, no GPU or no CUDA build).
+ * If why is not NULL it receives a static text saying why there are none. */
+CASTOR_API int castor_cuda_device_count(const char **why);
+CASTOR_API int castor_cuda_device_info(int ordinal, castor_device_info *info);
+
+/* ---- model --------------------------------------------------------------- */
+typedef enum castor_activation {
+    CASTOR_ACT_LINEAR = 0,
+    CASTOR_ACT_RELU = 1,
+    CASTOR_ACT_TANH = 2,
+    CASTOR_ACT_SIGMOID = 3
+} castor_activation;
+
+typedef enum castor_loss {
+    /* Softmax cross-entropy on integer class labels, from logits: the last
+     * layer must be linear. */
+    CASTOR_LOSS_SOFTMAX_XENT = 0,
+    /* Mean squared error against float targets, averaged over outputs. */
+    CASTOR_LOSS_MSE = 1
+} castor_loss;
+
+typedef enum castor_optimizer_kind {
+    CASTOR_OPT_SGD = 0,
+    CASTOR_OPT_ADAM = 1,
+    CASTOR_OPT_ADAMW = 2
+} castor_optimizer_kind;
+
+/* Hyper-parameters; the defaults are Keras's. */
+typedef struct castor_optimizer {
+    castor_optimizer_kind kind;
+    float learning_rate;  /* SGD 0.01, Adam/AdamW 0.001 */
+    float momentum;       /* SGD only; 0 = plain SGD */
+    int nesterov;         /* SGD only */
+    float beta1;          /* 0.9 */
+    float beta2;          /* 0.999 */
+    float epsilon;        /* 1e-7 */
+    float weight_decay;   /* AdamW only: 0.004 */
+} castor_optimizer;
+
+CASTOR_API castor_optimizer castor_optimizer_defaults(castor_optimizer_kind kind);
+CASTOR_API const char *castor_optimizer_kind_name(castor_optimizer_kind kind);
+CASTOR_API int castor_optimizer_kind_parse(const char *name, castor_optimizer_kind *out);
+CASTOR_API const char *castor_activation_name(castor_activation act);
+CASTOR_API int castor_activation_parse(const char *name, castor_activation *out);
+
+typedef struct castor_model castor_model;
+
+/* A sequential model of dense layers taking input_features floats per sample. */
+CASTOR_API int castor_model_create(castor_model **out, int input_features);
+CASTOR_API void castor_model_free(castor_model *model);
+CASTOR_API const char *castor_model_errmsg(const castor_model *model);
+CASTOR_API int castor_model_add_dense(castor_model *model, int units, castor_activation act);
+/* Parse "128:relu,10" (units[:activation], comma separated) into layers. */
+CASTOR_API int castor_model_add_layers(castor_model *model, const char *spec);
+
+/*
+ * Bind the model to a strategy: allocate the master variables (Glorot-uniform
+ * kernels, zero biases, drawn from seed with the documented PRNG in
+ * src/rng.c), the optimizer state and the per-replica device buffers.
+ * The strategy must outlive the model; one model per strategy at a time.
+ * optimizer may be NULL for Adam with its defaults.
+ */
+CASTOR_API int castor_model_compile(castor_model *model, castor_strategy *strategy,
+                                    castor_loss loss, const castor_optimizer *optimizer,
+                                    uint64_t seed);
+
+CASTOR_API int castor_model_num_layers(const castor_model *model);
+CASTOR_API size_t castor_model_num_params(const castor_model *model);
+CASTOR_API int castor_model_input_features(const castor_model *model);
+CASTOR_API int castor_model_output_units(const castor_model *model);
+/* The layers as a spec string such as "128:relu,10:linear". */
+CASTOR_API int castor_model_layers_spec(const castor_model *model, char *buf, size_t size);
+/* Copy the current variables (all kernels and biases, in the flat layout:
+ * layer 0 kernel (in x out, row-major), layer 0 bias (out), layer 1 ...)
+ * out of / into the model. count is in floats and must equal num_params. */
+CASTOR_API int castor_model_get_params(castor_model *model, float *dst, size_t count);
+CASTOR_API int castor_model_set_params(castor_model *model, const float *src, size_t count);
+/* Optimizer steps taken so far. */
+CASTOR_API int64_t castor_model_step(const castor_model *model);
+
+/* ---- data ------------------------------------------------------------------ */
+typedef struct castor_dataset castor_dataset;
+
+/* Load an IDX image file and an IDX label file (plain or gzip); pixels are
+ * scaled to [0,1]. */
+CASTOR_API int castor_dataset_load_idx(castor_dataset **out, const char *images_path,
+                                       const char *labels_path);
+/* Load a Fashion-MNIST/MNIST style directory: which is "train" or "test"
+ * (train-images-idx3-ubyte[.gz], t10k-images-idx3-ubyte[.gz], ...). */
+CASTOR_API int castor_dataset_load_mnist_dir(castor_dataset **out, const char *dir,
+                                             const char *which);
+/* A dataset from memory (copied). labels (int32 class ids) or targets
+ * (n x target_dim floats) is given, the other NULL. */
+CASTOR_API int castor_dataset_from_memory(castor_dataset **out, const float *x, size_t n,
+                                          int features, const int32_t *labels,
+                                          const float *targets, int target_dim);
+CASTOR_API void castor_dataset_free(castor_dataset *ds);
+CASTOR_API const char *castor_dataset_errmsg(const castor_dataset *ds);
+CASTOR_API size_t castor_dataset_size(const castor_dataset *ds);
+CASTOR_API int castor_dataset_features(const castor_dataset *ds);
+CASTOR_API const float *castor_dataset_x(const castor_dataset *ds);
+CASTOR_API const int32_t *castor_dataset_labels(const castor_dataset *ds); /* NULL if none */
+/* Split off the last `count` samples into a new dataset (for validation). */
+CASTOR_API int castor_dataset_split_tail(castor_dataset *ds, size_t count, castor_dataset **tail);
+
+/* ---- training -------------------------------------------------------------- */
+typedef struct castor_metrics {
+    double loss;        /* mean loss per sample */
+    double accuracy;    /* fraction correct; NaN for MSE models */
+    size_t samples;
+} castor_metrics;
+
+typedef struct castor_progress {
+    int epoch;              /* 0-based */
+    int epochs;
+    int64_t step_in_epoch;  /* steps done in this epoch */
+    int64_t steps_per_epoch;
+    int64_t global_step;    /* optimizer steps done in total */
+    double loss;            /* running mean loss this epoch */
+    double accuracy;        /* running accuracy this epoch (NaN for MSE) */
+    double seconds;         /* since fit started */
+    int epoch_end;          /* 1 at the end of an epoch: val_* are set */
+    double val_loss, val_accuracy; /* NaN when there is no validation data */
+} castor_progress;
+
+/* Return non-zero to stop training after the current step (fit then
+ * returns CASTOR_INTERRUPTED with the model in a consistent state). */
+typedef int (*castor_progress_fn)(void *user, const castor_progress *progress);
+
+typedef struct castor_fit_options {
+    int epochs;             /* 1 */
+    int batch_size;         /* global batch, split over the replicas: 32 */
+    int shuffle;            /* 1 */
+    const castor_dataset *validation; /* NULL: none */
+    castor_progress_fn progress;      /* called after every step */
+    void *progress_user;
+    int64_t max_steps;      /* 0: no limit; stop after this many steps of this call */
+} castor_fit_options;
+
+#define CASTOR_FIT_OPTIONS_INIT {1, 32, 1, NULL, NULL, NULL, 0}
+
+CASTOR_API int castor_model_fit(castor_model *model, const castor_dataset *train,
+                                const castor_fit_options *options, castor_metrics *last_epoch);
+CASTOR_API int castor_model_evaluate(castor_model *model, const castor_dataset *data,
+                                     int batch_size, castor_metrics *out);
+/* Outputs of the last layer (logits for a softmax cross-entropy model) for
+ * n samples of input_features floats each, into out (n x output_units). */
+CASTOR_API int castor_model_predict(castor_model *model, const float *x, size_t n,
+                                    int batch_size, float *out);
+
+/* The most device memory any one replica has held so far, in bytes. */
+CASTOR_API size_t castor_model_device_peak_bytes(const castor_model *model);
+
+/* What the model's training steps have cost since compile (or the last
+ * reset): for benchmarks and for seeing where a step's time goes. */
+typedef struct castor_run_stats {
+    int64_t steps;              /* training steps counted */
+    uint64_t bytes_h2d;         /* host-to-device bytes, all replicas */
+    uint64_t bytes_d2h;         /* device-to-host bytes, all replicas */
+    double seconds_replicas;    /* wall time of the replicas' part of the steps */
+    double seconds_reduce;      /* host reduction of the gradients */
+    double seconds_update;      /* optimizer: on the host (central), or the upload of the
+                                   reduced gradient and the device update (mirrored) */
+    double seconds_total;       /* whole steps */
+    size_t device_peak_bytes;   /* most device memory one replica has held */
+    size_t host_bytes;          /* pinned host memory held for the model */
+} castor_run_stats;
+
+CASTOR_API int castor_model_run_stats(const castor_model *model, castor_run_stats *out);
+CASTOR_API void castor_model_reset_run_stats(castor_model *model);
+
+/* ---- checkpoints (safetensors) ------------------------------------------------
+ * A checkpoint is a safetensors file: tensors "dense_0.kernel" (in x out,
+ * row-major, F32), "dense_0.bias" (out), ..., the optimizer slots as
+ * "dense_0.kernel.adam_m" etc., and in the header's __metadata__ the
+ * architecture, loss, optimizer and hyper-parameters, seed, step, epoch and
+ * position in the epoch, strategy, castor version and the CRC-32 of the data
+ * section. Files are written atomically (temporary file, fsync, rename,
+ * fsync of the directory): a crash leaves the old file or the new one.
+ */
+
+/* Save variables, optimizer state and training position. */
+CASTOR_API int castor_model_save(castor_model *model, const char *path);
+/* Load a checkpoint into a compiled model with the same layers, loss and
+ * optimizer kind: variables, optimizer state and training position. On any
+ * error the model is unchanged. */
+CASTOR_API int castor_model_load(castor_model *model, const char *path);
+/* Create and compile a model from a checkpoint's architecture on a strategy,
+ * then load it. */
+CASTOR_API int castor_model_open(castor_model **out, const char *path,
+                                 castor_strategy *strategy);
+/* Epochs completed and steps done in the epoch in progress. */
+CASTOR_API int64_t castor_model_epoch(const castor_model *model);
+CASTOR_API int64_t castor_model_step_in_epoch(const castor_model *model);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* CASTOR_H */

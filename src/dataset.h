@@ -1,0 +1,50 @@
+/*
+ * The in-memory dataset behind castor_dataset, and the IDX reader.
+ *
+ * Samples are rows of `features` floats; a classification set carries int32
+ * labels, a regression set `target_dim` floats per sample.
+ */
+#ifndef CASTOR_DATASET_H
+#define CASTOR_DATASET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "castor.h"
+
+struct castor_dataset {
+    size_t n;             /* samples */
+    int features;         /* floats per sample */
+    float *x;             /* n x features */
+    int32_t *labels;      /* n class ids, or NULL */
+    int num_classes;      /* max label + 1 (0 without labels) */
+    float *targets;       /* n x target_dim, or NULL */
+    int target_dim;
+    char errmsg[512];
+};
+
+/* One IDX file (http://yann.lecun.com/exdb/mnist/ format), plain or gzip.
+ * The reader treats the file as untrusted: magic, type code, rank and every
+ * dimension are checked, the element count against overflow and against the
+ * bytes actually present, before anything is allocated for the data. */
+typedef struct castor__idx {
+    int type;             /* 0x08 ubyte, 0x09 sbyte, 0x0B i16, 0x0C i32, 0x0D f32, 0x0E f64 */
+    int rank;             /* 1..4 accepted */
+    uint32_t dims[4];
+    size_t count;         /* product of dims */
+    float *values;        /* count values converted to float (malloc) */
+} castor__idx;
+
+/* Reads and validates; on failure writes "PATH: what is wrong" into err and
+ * returns CASTOR_IO (cannot open/read) or CASTOR_FORMAT (bad contents).
+ * max_count bounds the element count (0: 1<<31) so a lying header cannot
+ * make us allocate gigabytes. */
+int castor__idx_read(const char *path, size_t max_count, castor__idx *out, char *err,
+                     size_t errlen);
+/* Same, from bytes already in memory (used by the fuzz harness). name is used
+ * in messages. The bytes are the decompressed file. */
+int castor__idx_parse(const unsigned char *bytes, size_t len, const char *name,
+                      size_t max_count, castor__idx *out, char *err, size_t errlen);
+void castor__idx_free(castor__idx *idx);
+
+#endif

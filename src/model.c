@@ -1,0 +1,337 @@
+/* Model handles: layers, the flat parameter layout, compile. */
+#include "model.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/optim.h"
+#include "rng.h"
+#include "strategy.h"
+#include "util.h"
+
+/* Widths and depths beyond these are typos, not models. */
+#define MAX_UNITS (1 << 24)
+#define MAX_LAYERS 1024
+
+int castor__model_fail(castor_model *m, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m->errmsg, sizeof m->errmsg, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+int castor__model_ready(castor_model *m, const char *what)
+{
+    if (!m->compiled || !m->strategy)
+        return castor__model_fail(m, CASTOR_MISUSE, "%s: the model is not compiled%s", what,
+                                  m->strategy ? "" : " (or its strategy was freed)");
+    if (m->inconsistent)
+        return castor__model_fail(m, CASTOR_DEVICE,
+                                  "%s: a device failed during an update and the replicas may "
+                                  "disagree; set the parameters again or load a checkpoint",
+                                  what);
+    return CASTOR_OK;
+}
+
+int castor_model_create(castor_model **out, int input_features)
+{
+    if (!out)
+        return CASTOR_MISUSE;
+    castor_model *m = calloc(1, sizeof *m);
+    *out = m;
+    if (!m)
+        return CASTOR_NOMEM;
+    if (input_features <= 0 || input_features > MAX_UNITS)
+        return castor__model_fail(m, CASTOR_INVALID, "input features must be 1..%d, not %d",
+                                  MAX_UNITS, input_features);
+    m->input_features = input_features;
+    return CASTOR_OK;
+}
+
+void castor_model_free(castor_model *m)
+{
+    if (!m)
+        return;
+    if (m->strategy) {
+        castor__runtime_free(m);
+        if (m->strategy->bound == m)
+            m->strategy->bound = NULL;
+    }
+    castor__host_free(&m->params);
+    castor__host_free(&m->opt_state);
+    castor__host_free(&m->grads);
+    free(m->layers);
+    free(m);
+}
+
+const char *castor_model_errmsg(const castor_model *m)
+{
+    if (!m)
+        return "out of memory (no model handle)";
+    return m->errmsg[0] ? m->errmsg : "no error";
+}
+
+int castor_model_add_dense(castor_model *m, int units, castor_activation act)
+{
+    if (!m)
+        return CASTOR_MISUSE;
+    if (m->compiled)
+        return castor__model_fail(m, CASTOR_MISUSE, "cannot add layers to a compiled model");
+    if (units <= 0 || units > MAX_UNITS)
+        return castor__model_fail(m, CASTOR_INVALID, "layer units must be 1..%d, not %d",
+                                  MAX_UNITS, units);
+    if ((unsigned)act > CASTOR_ACT_SIGMOID)
+        return castor__model_fail(m, CASTOR_INVALID, "unknown activation %d", (int)act);
+    if (m->n_layers >= MAX_LAYERS)
+        return castor__model_fail(m, CASTOR_INVALID, "at most %d layers", MAX_LAYERS);
+    if (m->n_layers == m->cap_layers) {
+        int cap = m->cap_layers ? 2 * m->cap_layers : 4;
+        castor__layer *grown = realloc(m->layers, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return castor__model_fail(m, CASTOR_NOMEM, "out of memory");
+        m->layers = grown;
+        m->cap_layers = cap;
+    }
+    int in = m->n_layers ? m->layers[m->n_layers - 1].out : m->input_features;
+    size_t weights, total;
+    if (!castor__mul_ok((size_t)in, (size_t)units, &weights) ||
+        (total = m->n_params + weights + (size_t)units) < m->n_params ||
+        total > ((size_t)1 << 40))
+        return castor__model_fail(m, CASTOR_INVALID, "the model is too large (%d x %d layer)",
+                                  in, units);
+    castor__layer *lay = &m->layers[m->n_layers++];
+    lay->in = in;
+    lay->out = units;
+    lay->act = act;
+    lay->w_off = m->n_params;
+    lay->b_off = m->n_params + weights;
+    m->n_params = total;
+    return CASTOR_OK;
+}
+
+int castor_model_add_layers(castor_model *m, const char *spec)
+{
+    if (!m)
+        return CASTOR_MISUSE;
+    if (!spec || !*spec)
+        return castor__model_fail(m, CASTOR_INVALID, "empty layer list (e.g. 128:relu,10)");
+    const char *p = spec;
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        char item[64];
+        if (len == 0 || len >= sizeof item)
+            return castor__model_fail(m, CASTOR_INVALID, "bad layer '%.*s' in '%s'",
+                                      (int)(len < 40 ? len : 40), p, spec);
+        memcpy(item, p, len);
+        item[len] = '\0';
+        char *colon = strchr(item, ':');
+        castor_activation act = CASTOR_ACT_LINEAR;
+        if (colon) {
+            *colon = '\0';
+            if (castor_activation_parse(colon + 1, &act))
+                return castor__model_fail(m, CASTOR_INVALID,
+                                          "unknown activation '%s' in '%s' (linear, relu, tanh, "
+                                          "sigmoid)",
+                                          colon + 1, spec);
+        }
+        char *num_end = NULL;
+        errno = 0;
+        long units = strtol(item, &num_end, 10);
+        if (!item[0] || *num_end || errno || item[0] == '+' || item[0] == '-' || units <= 0 ||
+            units > MAX_UNITS)
+            return castor__model_fail(m, CASTOR_INVALID,
+                                      "bad unit count '%s' in '%s' (a whole number 1..%d)", item,
+                                      spec, MAX_UNITS);
+        int rc = castor_model_add_dense(m, (int)units, act);
+        if (rc)
+            return rc;
+        if (!end)
+            break;
+        p = end + 1;
+        if (!*p)
+            return castor__model_fail(m, CASTOR_INVALID, "trailing comma in '%s'", spec);
+    }
+    return CASTOR_OK;
+}
+
+void castor__model_init_params(const castor_model *m, float *params)
+{
+    castor__rng rng;
+    castor__rng_seed(&rng, m->seed, CASTOR_RNG_INIT, 0);
+    for (int l = 0; l < m->n_layers; l++) {
+        const castor__layer *lay = &m->layers[l];
+        /* Glorot uniform: U(-a, a) with a = sqrt(6 / (fan_in + fan_out)). */
+        float limit = (float)sqrt(6.0 / (double)(lay->in + lay->out));
+        size_t n = (size_t)lay->in * (size_t)lay->out;
+        float *w = params + lay->w_off;
+        for (size_t i = 0; i < n; i++)
+            w[i] = (2.0f * castor__rng_uniform(&rng) - 1.0f) * limit;
+        memset(params + lay->b_off, 0, (size_t)lay->out * sizeof(float));
+    }
+}
+
+int castor_model_compile(castor_model *m, castor_strategy *s, castor_loss loss,
+                         const castor_optimizer *optimizer, uint64_t seed)
+{
+    if (!m)
+        return CASTOR_MISUSE;
+    if (!s)
+        return castor__model_fail(m, CASTOR_MISUSE, "compile needs a strategy");
+    if (m->compiled)
+        return castor__model_fail(m, CASTOR_MISUSE, "the model is already compiled");
+    if (s->bound)
+        return castor__model_fail(m, CASTOR_MISUSE,
+                                  "the strategy already has a compiled model; free it first");
+    if (m->n_layers == 0)
+        return castor__model_fail(m, CASTOR_INVALID, "the model has no layers");
+    if (loss != CASTOR_LOSS_SOFTMAX_XENT && loss != CASTOR_LOSS_MSE)
+        return castor__model_fail(m, CASTOR_INVALID, "unknown loss %d", (int)loss);
+    const castor__layer *last = &m->layers[m->n_layers - 1];
+    if (loss == CASTOR_LOSS_SOFTMAX_XENT && last->act != CASTOR_ACT_LINEAR)
+        return castor__model_fail(m, CASTOR_INVALID,
+                                  "softmax cross-entropy takes logits: the last layer must be "
+                                  "linear, not %s",
+                                  castor_activation_name(last->act));
+    if (loss == CASTOR_LOSS_SOFTMAX_XENT && last->out < 2)
+        return castor__model_fail(m, CASTOR_INVALID,
+                                  "softmax cross-entropy needs at least 2 output units");
+    castor_optimizer opt = optimizer ? *optimizer : castor_optimizer_defaults(CASTOR_OPT_ADAM);
+    char err[256];
+    if (castor__optim_validate(&opt, err, sizeof err))
+        return castor__model_fail(m, CASTOR_INVALID, "%s", err);
+
+    m->loss = loss;
+    m->opt = opt;
+    m->opt_slots = castor__optim_slots(&opt);
+    m->seed = seed;
+    m->strategy = s;
+    size_t bytes = m->n_params * sizeof(float);
+    if (castor__host_alloc(&m->params, bytes, s->use_cuda) ||
+        castor__host_alloc(&m->grads, bytes, s->use_cuda) ||
+        castor__host_alloc(&m->opt_state, (size_t)m->opt_slots * bytes, s->use_cuda)) {
+        castor__host_free(&m->params);
+        castor__host_free(&m->grads);
+        castor__host_free(&m->opt_state);
+        m->strategy = NULL;
+        return castor__model_fail(m, CASTOR_NOMEM, "out of host memory for %zu parameters",
+                                  m->n_params);
+    }
+    if (!m->params.locked)
+        castor__log(s, CASTOR_LOG_WARN,
+                    "host memory for the variables could not be page-locked (raise ulimit -l); "
+                    "copies will be slower");
+    castor__model_init_params(m, m->params.ptr);
+    m->host_params_current = 1;
+    m->params_version = 1;
+    int rc = s->ops->prepare(m);
+    if (rc) {
+        castor__runtime_free(m);
+        castor__host_free(&m->params);
+        castor__host_free(&m->grads);
+        castor__host_free(&m->opt_state);
+        m->strategy = NULL;
+        return rc;
+    }
+    s->bound = m;
+    m->compiled = 1;
+    castor__log(s, CASTOR_LOG_INFO, "compiled %d layers, %zu parameters, %s strategy",
+                m->n_layers, m->n_params, s->ops->name);
+    return CASTOR_OK;
+}
+
+int castor_model_num_layers(const castor_model *m)
+{
+    return m ? m->n_layers : 0;
+}
+
+size_t castor_model_num_params(const castor_model *m)
+{
+    return m ? m->n_params : 0;
+}
+
+int castor_model_input_features(const castor_model *m)
+{
+    return m ? m->input_features : 0;
+}
+
+int castor_model_output_units(const castor_model *m)
+{
+    return m && m->n_layers ? m->layers[m->n_layers - 1].out : 0;
+}
+
+int64_t castor_model_step(const castor_model *m)
+{
+    return m ? m->step : 0;
+}
+
+int castor_model_layers_spec(const castor_model *m, char *buf, size_t size)
+{
+    if (!m || !buf || size == 0)
+        return CASTOR_MISUSE;
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int l = 0; l < m->n_layers; l++) {
+        int w = snprintf(buf + used, size - used, "%s%d:%s", l ? "," : "", m->layers[l].out,
+                         castor_activation_name(m->layers[l].act));
+        if (w < 0 || (size_t)w >= size - used)
+            return CASTOR_INVALID;
+        used += (size_t)w;
+    }
+    return CASTOR_OK;
+}
+
+int castor_model_get_params(castor_model *m, float *dst, size_t count)
+{
+    if (!m || !dst)
+        return CASTOR_MISUSE;
+    int rc = castor__model_ready(m, "get_params");
+    if (rc)
+        return rc;
+    if (count != m->n_params)
+        return castor__model_fail(m, CASTOR_INVALID, "get_params: count %zu, model has %zu",
+                                  count, m->n_params);
+    if ((rc = m->strategy->ops->pull(m)))
+        return rc;
+    memcpy(dst, m->params.ptr, count * sizeof(float));
+    return CASTOR_OK;
+}
+
+int castor_model_set_params(castor_model *m, const float *src, size_t count)
+{
+    if (!m || !src)
+        return CASTOR_MISUSE;
+    if (!m->compiled || !m->strategy)
+        return castor__model_fail(m, CASTOR_MISUSE, "set_params: the model is not compiled");
+    if (count != m->n_params)
+        return castor__model_fail(m, CASTOR_INVALID, "set_params: count %zu, model has %zu",
+                                  count, m->n_params);
+    for (size_t i = 0; i < count; i++)
+        if (!isfinite(src[i]))
+            return castor__model_fail(m, CASTOR_INVALID, "set_params: value %zu is not finite",
+                                      i);
+    /* The optimizer state must be current before the push sends it back. */
+    int rc = m->inconsistent ? CASTOR_OK : m->strategy->ops->pull(m);
+    if (rc)
+        return rc;
+    memcpy(m->params.ptr, src, count * sizeof(float));
+    m->params_version++;
+    return m->strategy->ops->push(m);
+}
+
+size_t castor_model_device_peak_bytes(const castor_model *m)
+{
+    if (!m || !m->strategy)
+        return 0;
+    size_t peak = 0;
+    for (int i = 0; i < m->strategy->n_replicas; i++)
+        if (m->strategy->devs[i]->peak > peak)
+            peak = m->strategy->devs[i]->peak;
+    return peak;
+}

@@ -1,0 +1,69 @@
+/*
+ * The model behind castor_model: layer shapes, the flat parameter layout,
+ * the master variables and optimizer state on the host, and where training
+ * stands (steps, epochs) so that it can be saved and resumed exactly.
+ */
+#ifndef CASTOR_MODEL_H
+#define CASTOR_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "castor.h"
+#include "host/pinned.h"
+
+/* One dense layer: y = act(x W + b). Its kernel W (in x out, row-major) and
+ * bias b (out) sit next to each other in the flat buffer, so a layer's
+ * upload or gradient download is one copy. */
+typedef struct castor__layer {
+    int in, out;
+    castor_activation act;
+    size_t w_off;  /* floats from the start of the flat buffer */
+    size_t b_off;  /* = w_off + in * out */
+} castor__layer;
+
+struct castor_model {
+    int input_features;
+    int n_layers, cap_layers;
+    castor__layer *layers;
+    size_t n_params;
+
+    /* Set by compile. */
+    int compiled;
+    castor_loss loss;
+    castor_optimizer opt;
+    int opt_slots;           /* optimizer state floats per variable */
+    uint64_t seed;
+    castor_strategy *strategy;
+
+    /* Master copies on the host (pinned). For the central strategy these
+     * are the variables; for the mirrored one, host mirrors of replica 0's
+     * copy, brought up to date on demand (host_params_current). */
+    castor__host_buf params;     /* n_params floats */
+    castor__host_buf opt_state;  /* opt_slots * n_params floats */
+    castor__host_buf grads;      /* n_params floats: the reduced gradient */
+    int host_params_current;
+
+    /* Where training stands. */
+    int64_t step;            /* optimizer steps taken */
+    int64_t epoch;           /* epochs completed */
+    int64_t step_in_epoch;   /* steps done in the epoch in progress */
+    int epoch_batch;         /* batch size of the epoch in progress */
+    uint64_t params_version; /* bumped whenever the variables change */
+
+    /* Set when a device failed half-way through an update that the strategy
+     * cannot roll back (mirrored): the replicas may disagree. */
+    int inconsistent;
+
+    struct castor__runtime *rt;  /* the strategy's per-model state */
+    char errmsg[512];
+};
+
+int castor__model_fail(castor_model *m, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Checks shared by fit/evaluate/predict: compiled, consistent. */
+int castor__model_ready(castor_model *m, const char *what);
+/* Glorot-uniform kernels and zero biases from the seed (src/rng.h). */
+void castor__model_init_params(const castor_model *m, float *params);
+
+#endif

@@ -1,0 +1,428 @@
+/* Strategy handles: the device list, the replica threads, and the pieces of
+ * a step that every strategy shares (splitting a batch, running the
+ * replicas, collecting their errors, the forward pass). */
+#include "strategy.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "host/reduce.h"
+#include "util.h"
+
+#define MAX_REPLICAS 64
+#define DEFAULT_CPU_BUDGET ((size_t)1 << 30)
+
+void castor__log(const castor_strategy *s, castor_log_level level, const char *fmt, ...)
+{
+    if (!s || !s->opts.log_fn || level > s->opts.log_level)
+        return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    s->opts.log_fn(s->opts.log_user, level, msg);
+}
+
+static int strategy_fail(castor_strategy *s, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int strategy_fail(castor_strategy *s, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->errmsg, sizeof s->errmsg, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* A whole non-negative decimal number in [lo, hi], or -1. */
+static long parse_count(const char *text, long lo, long hi)
+{
+    if (!text || !*text || *text == '+' || *text == '-')
+        return -1;
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || *end || v < lo || v > hi)
+        return -1;
+    return v;
+}
+
+/* One device entry: how many replicas on which backend and GPU. */
+typedef struct device_entry {
+    int cuda;
+    int ordinal;   /* -1: every GPU */
+    int replicas;  /* replicas on it (cpu:N gives N devices) */
+} device_entry;
+
+static int parse_entry(castor_strategy *s, const char *tok, device_entry *e)
+{
+    static const char *forms = "expected cpu, cpu:N, cuda, cuda:I or cuda:IxK";
+    memset(e, 0, sizeof *e);
+    e->replicas = 1;
+    if (strcmp(tok, "cpu") == 0)
+        return CASTOR_OK;
+    if (strncmp(tok, "cpu:", 4) == 0) {
+        long n = parse_count(tok + 4, 1, MAX_REPLICAS);
+        if (n < 0)
+            return strategy_fail(s, CASTOR_INVALID,
+                                 "bad device '%s': the count after cpu: must be 1..%d", tok,
+                                 MAX_REPLICAS);
+        e->replicas = (int)n;
+        return CASTOR_OK;
+    }
+    e->cuda = 1;
+    if (strcmp(tok, "cuda") == 0) {
+        e->ordinal = -1;
+        return CASTOR_OK;
+    }
+    if (strncmp(tok, "cuda:", 5) == 0) {
+        char buf[64];
+        snprintf(buf, sizeof buf, "%s", tok + 5);
+        char *x = strchr(buf, 'x');
+        if (x) {
+            *x = '\0';
+            long k = parse_count(x + 1, 1, MAX_REPLICAS);
+            if (k < 0)
+                return strategy_fail(s, CASTOR_INVALID,
+                                     "bad device '%s': the replica count after x must be 1..%d",
+                                     tok, MAX_REPLICAS);
+            e->replicas = (int)k;
+        }
+        long ord = parse_count(buf, 0, 1023);
+        if (ord < 0)
+            return strategy_fail(s, CASTOR_INVALID, "bad device '%s': %s", tok, forms);
+        e->ordinal = (int)ord;
+        return CASTOR_OK;
+    }
+    return strategy_fail(s, CASTOR_INVALID, "unknown device '%s' (%s)", tok, forms);
+}
+
+static int add_device(castor_strategy *s, cdev *dev)
+{
+    if (s->n_replicas >= MAX_REPLICAS) {
+        cdev_destroy(dev);
+        return strategy_fail(s, CASTOR_INVALID, "too many replicas: at most %d", MAX_REPLICAS);
+    }
+    s->devs[s->n_replicas++] = dev;
+    return CASTOR_OK;
+}
+
+static int open_entry(castor_strategy *s, const device_entry *e)
+{
+    char err[384] = "";
+    cdev *dev = NULL;
+    int rc;
+    if (!e->cuda) {
+        size_t budget = s->opts.device_memory_budget ? s->opts.device_memory_budget
+                                                      : DEFAULT_CPU_BUDGET;
+        for (int i = 0; i < e->replicas; i++) {
+            int ordinal = s->n_replicas;
+            if ((rc = cdev_cpu_create(ordinal, budget, &dev, err, sizeof err)))
+                return strategy_fail(s, rc, "%s", err);
+            if ((rc = add_device(s, dev)))
+                return rc;
+        }
+        return CASTOR_OK;
+    }
+    const char *why = NULL;
+    int count = cdev_cuda_count(&why);
+    if (count <= 0)
+        return strategy_fail(s, CASTOR_UNSUPPORTED, "no CUDA GPU can be used: %s",
+                             why ? why : "none found");
+    int first = e->ordinal < 0 ? 0 : e->ordinal;
+    int last = e->ordinal < 0 ? count - 1 : e->ordinal;
+    if (e->ordinal >= count)
+        return strategy_fail(s, CASTOR_INVALID, "no GPU cuda:%d: this machine has %d (cuda:0..%d)",
+                             e->ordinal, count, count - 1);
+    for (int g = first; g <= last; g++) {
+        for (int k = 0; k < e->replicas; k++) {
+            if ((rc = cdev_cuda_create(g, k, s->opts.device_memory_budget, s->opts.tf32, &dev,
+                                       err, sizeof err)))
+                return strategy_fail(s, rc, "%s", err);
+            if ((rc = add_device(s, dev)))
+                return rc;
+        }
+    }
+    s->use_cuda = 1;
+    return CASTOR_OK;
+}
+
+static int open_devices(castor_strategy *s, const char *spec)
+{
+    char buf[256];
+    if (!spec || !*spec)
+        return strategy_fail(s, CASTOR_INVALID, "no devices given (e.g. cpu:2 or cuda:0)");
+    if (strlen(spec) >= sizeof buf)
+        return strategy_fail(s, CASTOR_INVALID, "device list too long");
+    snprintf(buf, sizeof buf, "%s", spec);
+    s->devs = calloc(MAX_REPLICAS, sizeof *s->devs);
+    if (!s->devs)
+        return strategy_fail(s, CASTOR_NOMEM, "out of memory");
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        device_entry e;
+        int rc = parse_entry(s, tok, &e);
+        if (!rc)
+            rc = open_entry(s, &e);
+        if (rc)
+            return rc;
+    }
+    if (s->n_replicas == 0)
+        return strategy_fail(s, CASTOR_INVALID, "no devices in '%s'", spec);
+    return CASTOR_OK;
+}
+
+int castor_strategy_create(castor_strategy **out, castor_strategy_kind kind, const char *devices,
+                           const castor_strategy_options *options)
+{
+    if (!out)
+        return CASTOR_MISUSE;
+    *out = NULL;
+    castor_strategy *s = calloc(1, sizeof *s);
+    if (!s)
+        return CASTOR_NOMEM;
+    *out = s;
+    castor_strategy_options defaults = CASTOR_STRATEGY_OPTIONS_INIT;
+    s->opts = options ? *options : defaults;
+    if (kind != CASTOR_STRATEGY_CENTRAL && kind != CASTOR_STRATEGY_MIRRORED)
+        return strategy_fail(s, CASTOR_INVALID, "unknown strategy kind %d", (int)kind);
+    s->kind = kind;
+    s->ops = kind == CASTOR_STRATEGY_CENTRAL ? &castor__central_ops : &castor__mirrored_ops;
+    if (s->opts.host_threads < 0 || s->opts.host_threads > 1024)
+        return strategy_fail(s, CASTOR_INVALID, "host_threads must be 0..1024, not %d",
+                             s->opts.host_threads);
+    snprintf(s->devices_spec, sizeof s->devices_spec, "%s", devices ? devices : "");
+    int rc = open_devices(s, devices);
+    if (rc)
+        return rc;
+    if ((rc = castor__pool_create(s->n_replicas, &s->replica_pool)))
+        return strategy_fail(s, rc, "cannot start %d replica threads", s->n_replicas);
+    int threads = s->opts.host_threads ? s->opts.host_threads : castor__cpu_count();
+    if ((rc = castor__pool_create(threads, &s->host_pool)))
+        return strategy_fail(s, rc, "cannot start %d host threads", threads);
+    castor__log(s, CASTOR_LOG_INFO, "%s strategy on %d replica(s): %s",
+                castor_strategy_kind_name(kind), s->n_replicas, s->devices_spec);
+    return CASTOR_OK;
+}
+
+void castor_strategy_free(castor_strategy *s)
+{
+    if (!s)
+        return;
+    if (s->bound) {
+        /* The model outlived its strategy: detach it so it fails cleanly. */
+        castor__runtime_free(s->bound);
+        s->bound->strategy = NULL;
+        s->bound->compiled = 0;
+    }
+    castor__pool_free(s->replica_pool);
+    castor__pool_free(s->host_pool);
+    if (s->devs)
+        for (int i = 0; i < s->n_replicas; i++)
+            cdev_destroy(s->devs[i]);
+    free(s->devs);
+    free(s);
+}
+
+const char *castor_strategy_errmsg(const castor_strategy *s)
+{
+    if (!s)
+        return "out of memory (no strategy handle)";
+    return s->errmsg[0] ? s->errmsg : "no error";
+}
+
+int castor_strategy_replicas(const castor_strategy *s)
+{
+    return s ? s->n_replicas : 0;
+}
+
+castor_strategy_kind castor_strategy_get_kind(const castor_strategy *s)
+{
+    return s ? s->kind : CASTOR_STRATEGY_CENTRAL;
+}
+
+/* ---- the replicas of a compiled model ---- */
+
+int castor__runtime_create(castor_model *m, int mirrored)
+{
+    castor_strategy *s = m->strategy;
+    castor__runtime *rt = calloc(1, sizeof *rt);
+    if (!rt)
+        return castor__model_fail(m, CASTOR_NOMEM, "out of memory");
+    m->rt = rt;
+    rt->reps = calloc((size_t)s->n_replicas, sizeof *rt->reps);
+    if (!rt->reps)
+        return castor__model_fail(m, CASTOR_NOMEM, "out of memory");
+    rt->n = s->n_replicas;
+    for (int i = 0; i < rt->n; i++) {
+        int rc = castor__replica_init(&rt->reps[i], m, s->devs[i], i, mirrored, s->use_cuda);
+        if (rc)
+            return castor__model_fail(m, rc, "%s", s->devs[i]->errmsg);
+    }
+    return CASTOR_OK;
+}
+
+void castor__runtime_free(castor_model *m)
+{
+    castor__runtime *rt = m->rt;
+    if (!rt)
+        return;
+    for (int i = 0; i < rt->n; i++)
+        castor__replica_free(&rt->reps[i], m);
+    free(rt->reps);
+    free(rt);
+    m->rt = NULL;
+}
+
+int castor__runtime_ensure_rows(castor_model *m, int rows)
+{
+    castor__runtime *rt = m->rt;
+    int per = (rows + rt->n - 1) / rt->n;
+    if (per <= rt->rows_capacity)
+        return CASTOR_OK;
+    for (int i = 0; i < rt->n; i++) {
+        int rc = castor__replica_reserve(&rt->reps[i], m, per);
+        if (rc)
+            return castor__model_fail(m, rc, "%s", rt->reps[i].dev->errmsg);
+    }
+    rt->rows_capacity = per;
+    return CASTOR_OK;
+}
+
+void castor__split_rows(int rows, int n, int r, int *offset, int *count)
+{
+    int base = rows / n, extra = rows % n;
+    *count = base + (r < extra ? 1 : 0);
+    *offset = r * base + (r < extra ? r : extra);
+}
+
+int castor__run_replicas(castor_model *m, castor__pool_fn fn, void *ctx)
+{
+    castor__runtime *rt = m->rt;
+    castor__pool_run(m->strategy->replica_pool, fn, ctx);
+    for (int i = 0; i < rt->n; i++) {
+        castor__replica *r = &rt->reps[i];
+        if (r->status)
+            return castor__model_fail(m, r->status, "replica %d (%s): %s", i, r->dev->name,
+                                      r->dev->errmsg);
+    }
+    return CASTOR_OK;
+}
+
+/* ---- forward pass, shared by evaluate and predict ---- */
+
+typedef struct forward_ctx {
+    castor_model *m;
+    const castor__batch *b;
+    float *out;
+} forward_ctx;
+
+static int forward_one(castor_model *m, castor__replica *r, const castor__batch *b, float *out)
+{
+    int rc;
+    if (!r->mirrored && r->params_version != m->params_version) {
+        if ((rc = castor__replica_upload_params(r, m, m->params.ptr)))
+            return rc;
+        r->params_version = m->params_version;
+    }
+    if ((rc = castor__replica_upload_batch(r, m, b->x, b->labels, b->targets)) ||
+        (rc = castor__replica_compute(r, m, 0, 0.0f)))
+        return rc;
+    return castor__replica_finish(r, m, out);
+}
+
+static void forward_task(void *ctx, int index, int count)
+{
+    forward_ctx *c = ctx;
+    castor__replica *r = &c->m->rt->reps[index];
+    castor__split_rows(c->b->rows, count, index, &r->offset, &r->rows);
+    r->status = r->rows ? forward_one(c->m, r, c->b, c->out) : CASTOR_OK;
+}
+
+int castor__forward_batch(castor_model *m, const castor__batch *b, float *out,
+                          castor__batch_stats *stats)
+{
+    int rc = castor__runtime_ensure_rows(m, b->rows);
+    if (rc)
+        return rc;
+    forward_ctx c = {m, b, out};
+    if ((rc = castor__run_replicas(m, forward_task, &c)))
+        return rc;
+    memset(stats, 0, sizeof *stats);
+    stats->rows = b->rows;
+    for (int i = 0; i < m->rt->n; i++) {
+        double l, k;
+        castor__replica_stats(&m->rt->reps[i], &l, &k);
+        stats->loss_sum += l;
+        stats->correct += k;
+    }
+    return CASTOR_OK;
+}
+
+/* ---- the host reduction both strategies share ---- */
+
+void castor__reduce_replicas(castor_model *m, castor__batch_stats *stats)
+{
+    castor__runtime *rt = m->rt;
+    const float *srcs[MAX_REPLICAS];
+    int k = 0;
+    memset(stats, 0, sizeof *stats);
+    for (int i = 0; i < rt->n; i++) {
+        castor__replica *r = &rt->reps[i];
+        if (!r->rows)
+            continue;
+        srcs[k++] = r->h_grads.ptr;
+        double l, c;
+        castor__replica_stats(r, &l, &c);
+        stats->loss_sum += l;
+        stats->correct += c;
+        stats->rows += r->rows;
+    }
+    castor__reduce_sum(m->strategy->host_pool, m->grads.ptr, srcs, k, m->n_params);
+}
+
+/* ---- run statistics ---- */
+
+static void device_bytes(const castor_model *m, uint64_t *h2d, uint64_t *d2h)
+{
+    *h2d = *d2h = 0;
+    for (int i = 0; i < m->rt->n; i++) {
+        *h2d += m->rt->reps[i].dev->bytes_h2d;
+        *d2h += m->rt->reps[i].dev->bytes_d2h;
+    }
+}
+
+int castor_model_run_stats(const castor_model *m, castor_run_stats *out)
+{
+    if (!m || !out)
+        return CASTOR_MISUSE;
+    memset(out, 0, sizeof *out);
+    if (!m->rt)
+        return CASTOR_OK;
+    *out = m->rt->stats;
+    uint64_t h2d, d2h;
+    device_bytes(m, &h2d, &d2h);
+    out->bytes_h2d = h2d - m->rt->bytes_h2d0;
+    out->bytes_d2h = d2h - m->rt->bytes_d2h0;
+    out->device_peak_bytes = castor_model_device_peak_bytes(m);
+    size_t host = m->params.bytes + m->grads.bytes + m->opt_state.bytes;
+    for (int i = 0; i < m->rt->n; i++)
+        host += m->rt->reps[i].h_grads.bytes + m->rt->reps[i].h_row_stats.bytes;
+    out->host_bytes = host;
+    return CASTOR_OK;
+}
+
+void castor_model_reset_run_stats(castor_model *m)
+{
+    if (!m || !m->rt)
+        return;
+    memset(&m->rt->stats, 0, sizeof m->rt->stats);
+    device_bytes(m, &m->rt->bytes_h2d0, &m->rt->bytes_d2h0);
+    for (int i = 0; i < m->rt->n; i++)
+        m->rt->reps[i].dev->peak = m->rt->reps[i].dev->used;
+}

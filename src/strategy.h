@@ -1,0 +1,100 @@
+/*
+ * Strategies: where the variables live and how gradients are reduced and
+ * applied. Both run the same replica loop (replica.h); they differ only in
+ * the functions below.
+ */
+#ifndef CASTOR_STRATEGY_H
+#define CASTOR_STRATEGY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "castor.h"
+#include "device/device.h"
+#include "host/pool.h"
+#include "model.h"
+#include "replica.h"
+
+/* A batch as the trainer hands it over: rows contiguous on the host (pinned). */
+typedef struct castor__batch {
+    const float *x;           /* rows x features */
+    const int32_t *labels;    /* rows, or NULL */
+    const float *targets;     /* rows x output units, or NULL */
+    int rows;
+} castor__batch;
+
+/* What one step or forward pass measured, summed in replica order. */
+typedef struct castor__batch_stats {
+    double loss_sum;
+    double correct;
+    int rows;
+} castor__batch_stats;
+
+typedef struct castor__strategy_ops {
+    const char *name;
+    /* After compile: allocate replica state, place the initial variables. */
+    int (*prepare)(castor_model *m);
+    /* One optimizer step on a global batch. Either the whole update happens
+     * or (central) none of it does. */
+    int (*train_step)(castor_model *m, const castor__batch *b, castor__batch_stats *stats);
+    /* Make m->params and m->opt_state hold the current values. */
+    int (*pull)(castor_model *m);
+    /* Place m->params and m->opt_state (changed on the host) on the replicas. */
+    int (*push)(castor_model *m);
+} castor__strategy_ops;
+
+extern const castor__strategy_ops castor__central_ops;
+extern const castor__strategy_ops castor__mirrored_ops;
+
+struct castor_strategy {
+    castor_strategy_kind kind;
+    const castor__strategy_ops *ops;
+    castor_strategy_options opts;
+    char devices_spec[256];
+    int n_replicas;
+    cdev **devs;               /* one per replica */
+    int use_cuda;              /* any replica on a GPU */
+    castor__pool *replica_pool;   /* one thread per replica, thread i runs replica i */
+    castor__pool *host_pool;      /* reduction and optimizer threads */
+    castor_model *bound;       /* the model compiled on this strategy */
+    char errmsg[512];
+};
+
+/* Per-model state of a strategy: the replicas. */
+typedef struct castor__runtime {
+    int n;
+    castor__replica *reps;
+    int rows_capacity;         /* rows each replica's buffers hold */
+    castor_run_stats stats;    /* steps, seconds; bytes are read off the devices */
+    uint64_t bytes_h2d0, bytes_d2h0;  /* device counters at the last reset */
+} castor__runtime;
+
+/* Log through the strategy's callback if level is enabled. */
+void castor__log(const castor_strategy *s, castor_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Allocate the runtime and the replicas' parameter buffers. */
+int castor__runtime_create(castor_model *m, int mirrored);
+void castor__runtime_free(castor_model *m);
+/* Grow every replica's activation buffers to hold `rows` rows. */
+int castor__runtime_ensure_rows(castor_model *m, int rows);
+
+/* Rows of a global batch given to replica r: an even split, the first
+ * (rows % n) replicas taking one more. */
+void castor__split_rows(int rows, int n, int r, int *offset, int *count);
+
+/* Run fn on every replica thread; returns the first failure (by replica
+ * order) with its message copied to the model. */
+int castor__run_replicas(castor_model *m, castor__pool_fn fn, void *ctx);
+
+/* Sum the gradients of the replicas that had rows, in replica order, into
+ * m->grads, and their row statistics likewise. Both strategies reduce
+ * through this one function, so they add in the same order. */
+void castor__reduce_replicas(castor_model *m, castor__batch_stats *stats);
+
+/* Forward pass over a global batch on all replicas; per-row outputs go to
+ * out (rows x output units) when out is not NULL. */
+int castor__forward_batch(castor_model *m, const castor__batch *b, float *out,
+                          castor__batch_stats *stats);
+
+#endif

@@ -1,0 +1,327 @@
+/*
+ * Training through the public API on emulated CPU devices: replica-count
+ * invariance, determinism, central/mirrored equivalence, uneven batches,
+ * argument errors and the device memory budget.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "castor.h"
+#include "src/rng.h"
+#include "support.h"
+
+#define N 101  /* not a multiple of the batch: the last batch is short */
+#define F 12
+#define C 3
+
+static castor_dataset *synthetic(uint64_t seed)
+{
+    float *x = malloc(sizeof(float) * N * F);
+    int32_t *y = malloc(sizeof(int32_t) * N);
+    castor__rng rng;
+    castor__rng_seed(&rng, seed, 9, 0);
+    for (int i = 0; i < N; i++) {
+        y[i] = (int32_t)castor__rng_below(&rng, C);
+        for (int j = 0; j < F; j++)
+            x[i * F + j] = castor__rng_uniform(&rng) + (j % C == y[i] ? 0.7f : 0.0f);
+    }
+    castor_dataset *ds = NULL;
+    cr_assert_eq(castor_dataset_from_memory(&ds, x, N, F, y, NULL, 0), CASTOR_OK);
+    free(x);
+    free(y);
+    return ds;
+}
+
+typedef struct run {
+    const char *devices;
+    castor_strategy_kind kind;
+    castor_optimizer_kind opt;
+    int batch;
+    int steps;
+} run;
+
+/* Train and return the final variables (malloc'd); *count their number. */
+static float *train(const run *r, size_t *count)
+{
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, r->kind, r->devices, NULL), CASTOR_OK, "%s",
+                 castor_strategy_errmsg(s));
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_create(&m, F), CASTOR_OK);
+    cr_assert_eq(castor_model_add_layers(m, "16:tanh,8:relu,3"), CASTOR_OK);
+    castor_optimizer opt = castor_optimizer_defaults(r->opt);
+    if (r->opt == CASTOR_OPT_SGD) {
+        opt.momentum = 0.9f;
+        opt.nesterov = 1;
+    }
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, &opt, 42), CASTOR_OK, "%s",
+                 castor_model_errmsg(m));
+    castor_dataset *ds = synthetic(1);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.epochs = 100;
+    fo.batch_size = r->batch;
+    fo.max_steps = r->steps;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m));
+    cr_assert_eq(castor_model_step(m), r->steps);
+    *count = castor_model_num_params(m);
+    float *w = malloc(*count * sizeof *w);
+    cr_assert_eq(castor_model_get_params(m, w, *count), CASTOR_OK);
+    castor_dataset_free(ds);
+    castor_model_free(m);
+    castor_strategy_free(s);
+    return w;
+}
+
+Test(train, replica_count_invariance)
+{
+    /* 101 samples in batches of 25: the fifth batch has one row, so with 3
+     * replicas two of them get none. */
+    size_t n1, n2, n3;
+    run r = {"cpu", CASTOR_STRATEGY_CENTRAL, CASTOR_OPT_ADAM, 25, 12};
+    float *w1 = train(&r, &n1);
+    r.devices = "cpu:2";
+    float *w2 = train(&r, &n2);
+    r.devices = "cpu:3";
+    float *w3 = train(&r, &n3);
+    size_t at;
+    double e2 = support_max_rel_err(w2, w1, n1, 1e-3, &at);
+    cr_assert(e2 < 1e-4, "cpu:2 vs cpu: rel err %g at %zu (%g vs %g)", e2, at, w2[at], w1[at]);
+    double e3 = support_max_rel_err(w3, w1, n1, 1e-3, &at);
+    cr_assert(e3 < 1e-4, "cpu:3 vs cpu: rel err %g at %zu (%g vs %g)", e3, at, w3[at], w1[at]);
+    /* and training did move the weights */
+    run r0 = r;
+    r0.steps = 1;
+    size_t n0;
+    float *w0 = train(&r0, &n0);
+    cr_assert(support_max_rel_err(w0, w1, n1, 1e-3, NULL) > 1e-3);
+    free(w0);
+    free(w1);
+    free(w2);
+    free(w3);
+}
+
+Test(train, deterministic)
+{
+    size_t n1, n2;
+    run r = {"cpu:2", CASTOR_STRATEGY_CENTRAL, CASTOR_OPT_ADAMW, 16, 15};
+    float *a = train(&r, &n1);
+    float *b = train(&r, &n2);
+    cr_assert_eq(memcmp(a, b, n1 * sizeof *a), 0, "same seed, different weights");
+    free(a);
+    free(b);
+}
+
+static void central_equals_mirrored(const char *devices, castor_optimizer_kind opt)
+{
+    size_t n1, n2;
+    run r = {devices, CASTOR_STRATEGY_CENTRAL, opt, 20, 11};
+    float *a = train(&r, &n1);
+    r.kind = CASTOR_STRATEGY_MIRRORED;
+    float *b = train(&r, &n2);
+    size_t first = 0;
+    while (first < n1 && memcmp(&a[first], &b[first], sizeof *a) == 0)
+        first++;
+    cr_assert_eq(first, n1, "%s %s: first difference at %zu: central %.9g mirrored %.9g", devices,
+                 castor_optimizer_kind_name(opt), first, a[first < n1 ? first : 0],
+                 b[first < n1 ? first : 0]);
+    free(a);
+    free(b);
+}
+
+Test(equivalence, sgd_nesterov_cpu2) { central_equals_mirrored("cpu:2", CASTOR_OPT_SGD); }
+Test(equivalence, adam_cpu2) { central_equals_mirrored("cpu:2", CASTOR_OPT_ADAM); }
+Test(equivalence, adamw_cpu3) { central_equals_mirrored("cpu:3", CASTOR_OPT_ADAMW); }
+Test(equivalence, adam_cpu1) { central_equals_mirrored("cpu", CASTOR_OPT_ADAM); }
+
+Test(train, predict_matches_evaluate)
+{
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_MIRRORED, "cpu:2", NULL), CASTOR_OK);
+    castor_model *m = NULL;
+    castor_model_create(&m, F);
+    castor_model_add_layers(m, "8:relu,3");
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 3), CASTOR_OK);
+    castor_dataset *ds = synthetic(2);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.epochs = 3;
+    fo.batch_size = 10;
+    castor_metrics fit_m, ev;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, &fit_m), CASTOR_OK, "%s", castor_model_errmsg(m));
+    cr_assert_eq(castor_model_evaluate(m, ds, 7, &ev), CASTOR_OK, "%s", castor_model_errmsg(m));
+    cr_assert_eq(ev.samples, N);
+    float *out = malloc(sizeof(float) * N * C);
+    cr_assert_eq(castor_model_predict(m, castor_dataset_x(ds), N, 33, out), CASTOR_OK);
+    const int32_t *y = castor_dataset_labels(ds);
+    int correct = 0;
+    for (int i = 0; i < N; i++) {
+        int best = 0;
+        for (int c = 1; c < C; c++)
+            if (out[i * C + c] > out[i * C + best])
+                best = c;
+        correct += best == y[i];
+    }
+    cr_assert_float_eq(ev.accuracy, (double)correct / N, 1e-12);
+    cr_assert(ev.accuracy > 0.6, "the synthetic task is learnable: accuracy %g", ev.accuracy);
+    free(out);
+    castor_dataset_free(ds);
+    castor_model_free(m);
+    castor_strategy_free(s);
+}
+
+Test(train, bad_arguments)
+{
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu:4", NULL), CASTOR_OK);
+    castor_model *m = NULL;
+    castor_model_create(&m, F);
+    castor_model_add_layers(m, "4:relu,3");
+    castor_dataset *ds = synthetic(3);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_MISUSE, "fit before compile");
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 1), CASTOR_OK);
+    fo.epochs = 0;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_INVALID);
+    fo.epochs = 1;
+    fo.batch_size = 3;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_INVALID);
+    cr_assert(strstr(castor_model_errmsg(m), "smaller than the 4 replicas"), "%s",
+              castor_model_errmsg(m));
+    fo.batch_size = -1;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_INVALID);
+    castor_model *wrong = NULL;
+    castor_model_create(&wrong, F + 1);
+    castor_model_free(wrong);
+    castor_model_free(m);
+    castor_strategy_free(s);
+    castor_dataset_free(ds);
+
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "gpu:1", NULL),
+                 CASTOR_INVALID);
+    cr_assert(strstr(castor_strategy_errmsg(s), "gpu:1"), "%s", castor_strategy_errmsg(s));
+    castor_strategy_free(s);
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu:0", NULL),
+                 CASTOR_INVALID);
+    castor_strategy_free(s);
+
+    cr_assert_eq(castor_model_create(&m, 4), CASTOR_OK);
+    cr_assert_eq(castor_model_add_layers(m, "8:relu,"), CASTOR_INVALID);
+    cr_assert_eq(castor_model_add_layers(m, "8:swish"), CASTOR_INVALID);
+    cr_assert_eq(castor_model_add_layers(m, "x"), CASTOR_INVALID);
+    cr_assert_eq(castor_model_add_layers(m, "-3"), CASTOR_INVALID);
+    cr_assert_eq(castor_model_add_layers(m, "8:relu,3:sigmoid"), CASTOR_OK);
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu", NULL), CASTOR_OK);
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 1), CASTOR_INVALID);
+    cr_assert(strstr(castor_model_errmsg(m), "linear"), "%s", castor_model_errmsg(m));
+    castor_model_free(m);
+    castor_strategy_free(s);
+}
+
+Test(train, device_budget)
+{
+    castor_strategy_options so = CASTOR_STRATEGY_OPTIONS_INIT;
+    so.device_memory_budget = 1 << 20;  /* 1 MiB */
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu:2", &so), CASTOR_OK);
+    castor_model *m = NULL;
+    castor_model_create(&m, 784);
+    castor_model_add_layers(m, "512:relu,10");  /* 407,050 floats: 3.3 MB with gradients */
+    int rc = castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 1);
+    cr_assert_eq(rc, CASTOR_DEVICE_MEMORY, "%s", castor_errstr(rc));
+    const char *msg = castor_model_errmsg(m);
+    cr_assert(strstr(msg, "1048576"), "names the budget: %s", msg);
+    cr_assert(strstr(msg, "3256"), "names the bytes needed: %s", msg);
+    castor_model_free(m);
+
+    /* The variables fit but a large batch's activations do not. */
+    castor_model_create(&m, 784);
+    castor_model_add_layers(m, "64:relu,10");
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 1), CASTOR_OK, "%s",
+                 castor_model_errmsg(m));
+    float *x = calloc(4096 * 784, sizeof(float));
+    int32_t *y = calloc(4096, sizeof(int32_t));
+    castor_dataset *ds = NULL;
+    castor_dataset_from_memory(&ds, x, 4096, 784, y, NULL, 0);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.batch_size = 4096;
+    rc = castor_model_fit(m, ds, &fo, NULL);
+    cr_assert_eq(rc, CASTOR_DEVICE_MEMORY, "%s", castor_model_errmsg(m));
+    cr_assert(strstr(castor_model_errmsg(m), "2048 rows"), "%s", castor_model_errmsg(m));
+    /* a smaller batch still trains afterwards */
+    fo.batch_size = 64;
+    fo.max_steps = 2;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m));
+    free(x);
+    free(y);
+    castor_dataset_free(ds);
+    castor_model_free(m);
+    castor_strategy_free(s);
+}
+
+static int stop_after_three(void *user, const castor_progress *p)
+{
+    int *calls = user;
+    ++*calls;
+    return p->global_step >= 3;
+}
+
+Test(train, progress_can_stop)
+{
+    castor_strategy *s = NULL;
+    castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu:2", NULL);
+    castor_model *m = NULL;
+    castor_model_create(&m, F);
+    castor_model_add_layers(m, "3");
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 1), CASTOR_OK);
+    castor_dataset *ds = synthetic(4);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.epochs = 5;
+    fo.batch_size = 8;
+    int calls = 0;
+    fo.progress = stop_after_three;
+    fo.progress_user = &calls;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_INTERRUPTED);
+    cr_assert_eq(calls, 3);
+    cr_assert_eq(castor_model_step(m), 3);
+    castor_dataset_free(ds);
+    castor_model_free(m);
+    castor_strategy_free(s);
+}
+
+Test(train, mse_regression_learns)
+{
+    enum { RN = 256 };
+    float *x = malloc(sizeof(float) * RN * 2), *t = malloc(sizeof(float) * RN);
+    castor__rng rng;
+    castor__rng_seed(&rng, 5, 5, 5);
+    for (int i = 0; i < RN; i++) {
+        x[2 * i] = castor__rng_uniform(&rng);
+        x[2 * i + 1] = castor__rng_uniform(&rng);
+        t[i] = 0.5f * x[2 * i] - 0.25f * x[2 * i + 1] + 0.1f;
+    }
+    castor_dataset *ds = NULL;
+    cr_assert_eq(castor_dataset_from_memory(&ds, x, RN, 2, NULL, t, 1), CASTOR_OK);
+    castor_strategy *s = NULL;
+    castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu:2", NULL);
+    castor_model *m = NULL;
+    castor_model_create(&m, 2);
+    castor_model_add_layers(m, "1");
+    castor_optimizer sgd = castor_optimizer_defaults(CASTOR_OPT_SGD);
+    sgd.learning_rate = 0.5f;
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_MSE, &sgd, 1), CASTOR_OK, "%s",
+                 castor_model_errmsg(m));
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.epochs = 60;
+    fo.batch_size = 32;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m));
+    castor_metrics ev;
+    cr_assert_eq(castor_model_evaluate(m, ds, 64, &ev), CASTOR_OK);
+    cr_assert(ev.loss < 1e-4, "mse %g", ev.loss);
+    cr_assert(isnan(ev.accuracy));
+    free(x);
+    free(t);
+    castor_dataset_free(ds);
+    castor_model_free(m);
+    castor_strategy_free(s);
+}
