@@ -24,7 +24,7 @@ CJSON_CFLAGS ?= $(shell $(PKG_CONFIG) --cflags libcjson 2>/dev/null)
 CJSON_LIBS   ?= $(shell $(PKG_CONFIG) --libs libcjson 2>/dev/null || echo -lcjson)
 
 WARN    = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wvla
-CFLAGS  ?= $(OPT) -g
+CFLAGS  ?= $(OPT) -g -fno-math-errno
 ALL_CFLAGS = -std=c11 -D_GNU_SOURCE -DCASTOR_BUILDING $(WARN) $(CFLAGS) $(SANITIZE) \
              -fPIC -fvisibility=hidden -pthread -MMD -MP \
              -Iinclude -I. $(BLAS_CFLAGS) $(CJSON_CFLAGS)
@@ -62,10 +62,13 @@ GPU_TEST_SRC = $(wildcard tests/gpu/test_*.c)
 
 LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
 CLI_OBJ  = $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+# bench/ is part of the castor program: main.c dispatches "castor bench" to it.
+$(CLI_OBJ): ALL_CFLAGS += -DCASTOR_HAVE_BENCH
 TEST_OBJ = $(TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/support.o
 GPU_TEST_OBJ = $(GPU_TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/support.o
 
-.PHONY: all lib cli check check-gpu check-sanitize demo bench fuzz clean deps info-build
+.PHONY: all lib cli check check-gpu check-sanitize demo bench fuzz clean deps deps-check info-build
+SHELL := /bin/bash
 
 all: info-build lib cli
 
@@ -118,6 +121,39 @@ demo: deps-check $(BUILD)/castor
 
 bench: deps-check $(BUILD)/castor
 	$(BUILD)/castor bench $(BENCH_ARGS)
+
+# ---- sanitizers ----
+# The CUDA backend cannot run without a GPU, so sanitizer builds leave it out.
+ASAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+check-sanitize: deps-check
+	$(MAKE) --no-print-directory BUILD=$(BUILD)/asan NO_CUDA=1 OPT=-O1 SANITIZE="$(ASAN_FLAGS)" \
+	    $(BUILD)/asan/castor-tests
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	    $(BUILD)/asan/castor-tests $(CRITERION_FLAGS)
+	$(MAKE) --no-print-directory BUILD=$(BUILD)/tsan NO_CUDA=1 OPT=-O1 SANITIZE=-fsanitize=thread \
+	    $(BUILD)/tsan/tsan-threads
+	OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 $(BUILD)/tsan/tsan-threads
+
+$(BUILD)/tsan-threads: $(BUILD)/obj/tests/tsan/threads.o $(BUILD)/libcastor.a
+	$(CC) -o $@ $^ $(SANITIZE) $(LDLIBS)
+
+# ---- fuzzing (clang + libFuzzer, with ASan and UBSan) ----
+FUZZ_SECONDS ?= 60
+FUZZERS = idx safetensors layers
+FUZZ_BUILD = $(BUILD)/fuzz
+fuzz: deps-check
+	$(MAKE) --no-print-directory CC=clang BUILD=$(FUZZ_BUILD) NO_CUDA=1 OPT=-O1 \
+	    SANITIZE="-fsanitize=fuzzer-no-link,address,undefined" $(FUZZ_BUILD)/libcastor.a
+	@set -e; for f in $(FUZZERS); do \
+	    clang -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -I. $(CJSON_CFLAGS) \
+	        tests/fuzz/fuzz_$$f.c $(FUZZ_BUILD)/libcastor.a $(LDLIBS) -o $(FUZZ_BUILD)/fuzz_$$f; \
+	    rm -rf $(FUZZ_BUILD)/corpus_$$f; cp -r tests/fuzz/corpus/$$f $(FUZZ_BUILD)/corpus_$$f; \
+	    echo "fuzz_$$f: $(FUZZ_SECONDS) s"; \
+	    $(FUZZ_BUILD)/fuzz_$$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	        -artifact_prefix=$(FUZZ_BUILD)/crash_$$f- $(FUZZ_BUILD)/corpus_$$f 2>&1 \
+	        | grep -E 'stat::number_of_executed_units|ERROR|SUMMARY|Done' ; \
+	    test $${PIPESTATUS[0]} -eq 0; \
+	done
 
 deps-check:
 	@bash scripts/install-deps --check-or-install

@@ -11,6 +11,8 @@
 
 #include <stddef.h>
 
+#include "castor.h" /* status codes */
+
 typedef struct castor__host_buf {
     void *ptr;
     size_t bytes;

@@ -13,6 +13,8 @@
 
 #include <stddef.h>
 
+#include "castor.h" /* status codes */
+
 typedef struct castor__pool castor__pool;
 
 typedef void (*castor__pool_fn)(void *ctx, int index, int count);

@@ -52,7 +52,8 @@ static int central_train_step(castor_model *m, const castor__batch *b, castor__b
     if ((rc = castor__run_replicas(m, step_task, &c)))
         return rc;
     double t1 = castor__now();
-    castor__reduce_replicas(m, stats);
+    castor__sum_stats(m, stats);
+    castor__reduce_grads(m);
     double t2 = castor__now();
     castor__optim_apply(m->strategy->host_pool, &m->opt, m->params.ptr, m->grads.ptr,
                         m->opt_state.ptr, m->n_params, m->step + 1);

@@ -4,16 +4,28 @@
  * the loss is already scaled by the global batch) and every replica applies
  * the same update on its device, so the copies stay identical.
  *
- * The all-reduce here goes through host memory: each replica downloads its
- * gradient, the host sums them in replica order with the same code as the
- * central strategy, and each replica uploads the sum. On the CPU backend that
- * makes mirrored and central bitwise identical.
+ * How the all-reduce runs depends on where the replicas are:
+ *   REDUCE_NONE    one replica: nothing to reduce.
+ *   REDUCE_HOST    emulated CPU devices, or a mix: each replica downloads its
+ *                  gradient, the host sums them in replica order with the
+ *                  same code as the central strategy, each uploads the sum.
+ *                  On the CPU backend mirrored and central are then bitwise
+ *                  identical.
+ *   REDUCE_NCCL    distinct GPUs: ncclAllReduce on each replica's stream.
+ *   REDUCE_SHARED  logical replicas on one GPU (NCCL refuses two ranks on a
+ *                  GPU): replica 0 adds the others' gradients in replica
+ *                  order on the device, and the others copy the sum.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "strategy.h"
 #include "util.h"
+#ifdef CASTOR_HAVE_CUDA
+#include "device/cuda/nccl.h"
+#endif
 
+enum { REDUCE_NONE, REDUCE_HOST, REDUCE_NCCL, REDUCE_SHARED };
 
 typedef struct step_ctx {
     castor_model *m;
@@ -21,38 +33,97 @@ typedef struct step_ctx {
     float grad_scale;
 } step_ctx;
 
-static int compute_grads(castor_model *m, castor__replica *r, const castor__batch *b, float scale)
+static int apply_update(castor_model *m, castor__replica *r)
 {
+    return r->dev->iface->optimizer_step(r->dev, &m->opt, r->d_params, r->d_grads, r->d_state,
+                                         m->n_params, m->step + 1);
+}
+
+/* Forward and backward over the replica's slice; a replica without rows
+ * contributes a zero gradient where the reduction happens on the device. */
+static int compute_grads(castor_model *m, castor__replica *r, const castor__batch *b,
+                         float scale)
+{
+    cdev *dev = r->dev;
     int rc;
-    if ((rc = castor__replica_upload_batch(r, m, b->x, b->labels, b->targets)) ||
-        (rc = castor__replica_compute(r, m, 1, scale)) ||
-        (rc = castor__replica_download_grads(r, m)))
+    if (!r->rows)
+        return dev->iface->memset0(dev, CDEV_STREAM_COMPUTE, r->d_grads,
+                                   m->n_params * sizeof(float));
+    if ((rc = castor__replica_upload_batch(r, m, b->x, b->labels, b->targets)))
         return rc;
-    return castor__replica_finish(r, m, NULL);
+    return castor__replica_compute(r, m, 1, scale);
 }
 
 static void grads_task(void *ctx, int index, int count)
 {
     step_ctx *c = ctx;
-    castor__replica *r = &c->m->rt->reps[index];
+    castor_model *m = c->m;
+    castor__replica *r = &m->rt->reps[index];
     castor__split_rows(c->b->rows, count, index, &r->offset, &r->rows);
-    r->status = r->rows ? compute_grads(c->m, r, c->b, c->grad_scale) : CASTOR_OK;
+    int mode = m->rt->reduce, rc;
+    if (mode == REDUCE_HOST && !r->rows) {
+        r->status = CASTOR_OK;
+        return;
+    }
+    if ((rc = compute_grads(m, r, c->b, c->grad_scale)))
+        goto done;
+    switch (mode) {
+    case REDUCE_HOST:
+        rc = castor__replica_download_grads(r, m);
+        break;
+    case REDUCE_NONE:
+        rc = apply_update(m, r);
+        break;
+#ifdef CASTOR_HAVE_CUDA
+    case REDUCE_NCCL:
+        rc = castor__nccl_allreduce_sum(m->rt->nccl_comms[index], r->dev, r->d_grads, m->n_params);
+        if (!rc)
+            rc = apply_update(m, r);
+        break;
+#endif
+    default:
+        break;  /* REDUCE_SHARED: replica 0 sums after every replica is done */
+    }
+    if (!rc)
+        rc = r->rows ? castor__replica_finish(r, m, NULL) : r->dev->iface->synchronize(r->dev);
+done:
+    r->status = rc;
 }
 
+/* Second phase: place the reduced gradient and apply the update. */
 static void update_task(void *ctx, int index, int count)
 {
     (void)count;
     castor_model *m = ctx;
     castor__replica *r = &m->rt->reps[index];
     cdev *dev = r->dev;
-    int rc = cdev_copy_h2d(dev, CDEV_STREAM_COMPUTE, r->d_grads, m->grads.ptr,
+    int rc = CASTOR_OK;
+    if (m->rt->reduce == REDUCE_HOST)
+        rc = cdev_copy_h2d(dev, CDEV_STREAM_COMPUTE, r->d_grads, m->grads.ptr,
+                           m->n_params * sizeof(float));
+    else if (index > 0)  /* REDUCE_SHARED: the sum is in replica 0's buffer, same GPU */
+        rc = dev->iface->copy_d2d(dev, CDEV_STREAM_COMPUTE, r->d_grads, m->rt->reps[0].d_grads,
                                   m->n_params * sizeof(float));
     if (!rc)
-        rc = dev->iface->optimizer_step(dev, &m->opt, r->d_params, r->d_grads, r->d_state,
-                                        m->n_params, m->step + 1);
+        rc = apply_update(m, r);
     if (!rc)
         rc = dev->iface->synchronize(dev);
     r->status = rc;
+}
+
+/* REDUCE_SHARED: replica 0's gradient += each other's, in replica order. */
+static int sum_on_device(castor_model *m)
+{
+    castor__replica *r0 = &m->rt->reps[0];
+    cdev *dev = r0->dev;
+    int rc = CASTOR_OK;
+    for (int i = 1; i < m->rt->n && !rc; i++)
+        rc = dev->iface->add(dev, r0->d_grads, m->rt->reps[i].d_grads, m->n_params);
+    if (!rc)
+        rc = dev->iface->synchronize(dev);
+    if (rc)
+        return castor__model_fail(m, rc, "replica 0 (%s): %s", dev->name, dev->errmsg);
+    return CASTOR_OK;
 }
 
 static int mirrored_train_step(castor_model *m, const castor__batch *b,
@@ -61,16 +132,25 @@ static int mirrored_train_step(castor_model *m, const castor__batch *b,
     int rc = castor__runtime_ensure_rows(m, b->rows);
     if (rc)
         return rc;
+    castor__runtime *rt = m->rt;
     step_ctx c = {m, b, 1.0f / (float)b->rows};
-    castor_run_stats *rs = &m->rt->stats;
+    castor_run_stats *rs = &rt->stats;
+    /* With no reduction or NCCL the update happens inside the first phase. */
+    int one_phase = rt->reduce == REDUCE_NONE || rt->reduce == REDUCE_NCCL;
     double t0 = castor__now();
-    if ((rc = castor__run_replicas(m, grads_task, &c)))
-        return rc;  /* no replica has changed its variables yet */
+    if ((rc = castor__run_replicas(m, grads_task, &c))) {
+        if (one_phase)
+            m->inconsistent = 1;  /* some replicas may have updated */
+        return rc;                /* otherwise no replica has changed its variables yet */
+    }
     double t1 = castor__now();
-    castor__reduce_replicas(m, stats);
+    castor__sum_stats(m, stats);
+    if (rt->reduce == REDUCE_HOST)
+        castor__reduce_grads(m);
+    else if (rt->reduce == REDUCE_SHARED && (rc = sum_on_device(m)))
+        return rc;
     double t2 = castor__now();
-    if ((rc = castor__run_replicas(m, update_task, m))) {
-        /* Some replicas may have applied the update and others not. */
+    if (!one_phase && (rc = castor__run_replicas(m, update_task, m))) {
         m->inconsistent = 1;
         return rc;
     }
@@ -93,10 +173,10 @@ static void upload_task(void *ctx, int index, int count)
     castor__replica *r = &m->rt->reps[index];
     cdev *dev = r->dev;
     int rc = cdev_copy_h2d(dev, CDEV_STREAM_COMPUTE, r->d_params, m->params.ptr,
-                                  m->n_params * sizeof(float));
+                           m->n_params * sizeof(float));
     if (!rc && r->d_state)
         rc = cdev_copy_h2d(dev, CDEV_STREAM_COMPUTE, r->d_state, m->opt_state.ptr,
-                                  r->state_bytes);
+                           r->state_bytes);
     if (!rc)
         rc = dev->iface->synchronize(dev);
     r->status = rc;
@@ -114,10 +194,57 @@ static int mirrored_push(castor_model *m)
     return CASTOR_OK;
 }
 
+static int choose_reduction(castor_model *m)
+{
+    castor_strategy *s = m->strategy;
+    castor__runtime *rt = m->rt;
+    if (rt->n == 1)
+        return REDUCE_NONE;
+    int all_cuda = 1, same_gpu = 1, distinct = 1;
+    for (int i = 0; i < rt->n; i++) {
+        if (strcmp(s->devs[i]->iface->backend, "cuda") != 0)
+            all_cuda = 0;
+        if (s->devs[i]->ordinal != s->devs[0]->ordinal)
+            same_gpu = 0;
+        for (int j = 0; j < i; j++)
+            if (s->devs[j]->ordinal == s->devs[i]->ordinal)
+                distinct = 0;
+    }
+    if (!all_cuda)
+        return REDUCE_HOST;
+    if (same_gpu)
+        return REDUCE_SHARED;
+#ifdef CASTOR_HAVE_CUDA
+    if (distinct) {
+        int ordinals[64];
+        for (int i = 0; i < rt->n; i++)
+            ordinals[i] = s->devs[i]->ordinal;
+        rt->nccl_comms = calloc((size_t)rt->n, sizeof *rt->nccl_comms);
+        char err[256] = "";
+        if (rt->nccl_comms &&
+            castor__nccl_group_create(rt->n, ordinals, rt->nccl_comms, err, sizeof err) == 0)
+            return REDUCE_NCCL;
+        free(rt->nccl_comms);
+        rt->nccl_comms = NULL;
+        castor__log(s, CASTOR_LOG_WARN, "NCCL unavailable (%s); all-reducing through the host",
+                    err[0] ? err : "out of memory");
+    }
+#else
+    (void)distinct;
+#endif
+    return REDUCE_HOST;
+}
+
 static int mirrored_prepare(castor_model *m)
 {
     int rc = castor__runtime_create(m, 1);
-    return rc ? rc : mirrored_push(m);
+    if (rc)
+        return rc;
+    m->rt->reduce = choose_reduction(m);
+    static const char *const names[] = {"none", "host", "nccl", "device (shared GPU)"};
+    castor__log(m->strategy, CASTOR_LOG_INFO, "mirrored: all-reduce through %s",
+                names[m->rt->reduce]);
+    return mirrored_push(m);
 }
 
 static int mirrored_pull(castor_model *m)
@@ -128,10 +255,10 @@ static int mirrored_pull(castor_model *m)
     castor__replica *r = &m->rt->reps[0];
     cdev *dev = r->dev;
     int rc = cdev_copy_d2h(dev, CDEV_STREAM_COMPUTE, m->params.ptr, r->d_params,
-                                  m->n_params * sizeof(float));
+                           m->n_params * sizeof(float));
     if (!rc && r->d_state)
         rc = cdev_copy_d2h(dev, CDEV_STREAM_COMPUTE, m->opt_state.ptr, r->d_state,
-                                  r->state_bytes);
+                           r->state_bytes);
     if (!rc)
         rc = dev->iface->synchronize(dev);
     if (rc)

@@ -11,6 +11,9 @@
 #include <string.h>
 
 #include "host/reduce.h"
+#ifdef CASTOR_HAVE_CUDA
+#include "device/cuda/nccl.h"
+#endif
 #include "util.h"
 
 #define MAX_REPLICAS 64
@@ -274,6 +277,11 @@ void castor__runtime_free(castor_model *m)
         return;
     for (int i = 0; i < rt->n; i++)
         castor__replica_free(&rt->reps[i], m);
+#ifdef CASTOR_HAVE_CUDA
+    if (rt->nccl_comms)
+        castor__nccl_group_free(rt->n, rt->nccl_comms);
+#endif
+    free(rt->nccl_comms);
     free(rt->reps);
     free(rt);
     m->rt = NULL;
@@ -353,36 +361,33 @@ int castor__forward_batch(castor_model *m, const castor__batch *b, float *out,
     forward_ctx c = {m, b, out};
     if ((rc = castor__run_replicas(m, forward_task, &c)))
         return rc;
-    memset(stats, 0, sizeof *stats);
-    stats->rows = b->rows;
-    for (int i = 0; i < m->rt->n; i++) {
-        double l, k;
-        castor__replica_stats(&m->rt->reps[i], &l, &k);
-        stats->loss_sum += l;
-        stats->correct += k;
-    }
+    castor__sum_stats(m, stats);
     return CASTOR_OK;
 }
 
 /* ---- the host reduction both strategies share ---- */
 
-void castor__reduce_replicas(castor_model *m, castor__batch_stats *stats)
+void castor__sum_stats(castor_model *m, castor__batch_stats *stats)
 {
-    castor__runtime *rt = m->rt;
-    const float *srcs[MAX_REPLICAS];
-    int k = 0;
     memset(stats, 0, sizeof *stats);
-    for (int i = 0; i < rt->n; i++) {
-        castor__replica *r = &rt->reps[i];
-        if (!r->rows)
-            continue;
-        srcs[k++] = r->h_grads.ptr;
+    for (int i = 0; i < m->rt->n; i++) {
+        castor__replica *r = &m->rt->reps[i];
         double l, c;
         castor__replica_stats(r, &l, &c);
         stats->loss_sum += l;
         stats->correct += c;
         stats->rows += r->rows;
     }
+}
+
+void castor__reduce_grads(castor_model *m)
+{
+    castor__runtime *rt = m->rt;
+    const float *srcs[MAX_REPLICAS];
+    int k = 0;
+    for (int i = 0; i < rt->n; i++)
+        if (rt->reps[i].rows)
+            srcs[k++] = rt->reps[i].h_grads.ptr;
     castor__reduce_sum(m->strategy->host_pool, m->grads.ptr, srcs, k, m->n_params);
 }
 

@@ -66,6 +66,8 @@ typedef struct castor__runtime {
     castor__replica *reps;
     int rows_capacity;         /* rows each replica's buffers hold */
     castor_run_stats stats;    /* steps, seconds; bytes are read off the devices */
+    int reduce;                /* mirrored: how gradients are all-reduced (mirrored.c) */
+    void **nccl_comms;         /* mirrored on distinct GPUs: one NCCL rank per replica */
     uint64_t bytes_h2d0, bytes_d2h0;  /* device counters at the last reset */
 } castor__runtime;
 
@@ -87,10 +89,12 @@ void castor__split_rows(int rows, int n, int r, int *offset, int *count);
  * order) with its message copied to the model. */
 int castor__run_replicas(castor_model *m, castor__pool_fn fn, void *ctx);
 
-/* Sum the gradients of the replicas that had rows, in replica order, into
- * m->grads, and their row statistics likewise. Both strategies reduce
- * through this one function, so they add in the same order. */
-void castor__reduce_replicas(castor_model *m, castor__batch_stats *stats);
+/* Sum the host gradients of the replicas that had rows, in replica order,
+ * into m->grads. Both strategies reduce through this one function on the
+ * host, so they add in the same order. */
+void castor__reduce_grads(castor_model *m);
+/* Sum the replicas' row statistics of the last call, in replica order. */
+void castor__sum_stats(castor_model *m, castor__batch_stats *stats);
 
 /* Forward pass over a global batch on all replicas; per-row outputs go to
  * out (rows x output units) when out is not NULL. */

@@ -1,4 +1,3 @@
-#define _GNU_SOURCE
 #include "support.h"
 
 #include <math.h>

@@ -142,10 +142,12 @@ Test(train, predict_matches_evaluate)
     castor_model *m = NULL;
     castor_model_create(&m, F);
     castor_model_add_layers(m, "8:relu,3");
-    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 3), CASTOR_OK);
+    castor_optimizer adam = castor_optimizer_defaults(CASTOR_OPT_ADAM);
+    adam.learning_rate = 0.02f;
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, &adam, 3), CASTOR_OK);
     castor_dataset *ds = synthetic(2);
     castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
-    fo.epochs = 3;
+    fo.epochs = 10;
     fo.batch_size = 10;
     castor_metrics fit_m, ev;
     cr_assert_eq(castor_model_fit(m, ds, &fo, &fit_m), CASTOR_OK, "%s", castor_model_errmsg(m));

@@ -1,0 +1,31 @@
+/* The CUDA entry points of a build made without nvcc: they say so. */
+#include "device.h"
+
+#include <stdio.h>
+
+int cdev_cuda_compiled(void)
+{
+    return 0;
+}
+
+int cdev_cuda_create(int ordinal, int logical, size_t budget, int tf32, cdev **out, char *err,
+                     size_t errlen)
+{
+    (void)ordinal, (void)logical, (void)budget, (void)tf32;
+    *out = NULL;
+    snprintf(err, errlen, "this castor was built without CUDA (nvcc was not found at build time)");
+    return CASTOR_UNSUPPORTED;
+}
+
+int cdev_cuda_count(const char **why)
+{
+    if (why)
+        *why = "this castor was built without CUDA";
+    return 0;
+}
+
+int cdev_cuda_info(int ordinal, castor_device_info *info)
+{
+    (void)ordinal, (void)info;
+    return CASTOR_UNSUPPORTED;
+}

@@ -1,0 +1,58 @@
+/* What every backend shares: error text, the memory budget, destruction,
+ * and the public device queries. */
+#include "device.h"
+
+#include <stdio.h>
+
+int cdev_fail(cdev *dev, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(dev->errmsg, sizeof dev->errmsg, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+int cdev_alloc(cdev *dev, size_t bytes, void **d_out)
+{
+    *d_out = NULL;
+    /* Checked before asking the backend, so the emulated device refuses
+     * exactly where a GPU of that size would. */
+    if (bytes > dev->budget || dev->used > dev->budget - bytes)
+        return cdev_fail(dev, CASTOR_DEVICE_MEMORY,
+                         "%s: out of device memory: %zu bytes asked, %zu held, budget %zu bytes",
+                         dev->name, bytes, dev->used, dev->budget);
+    int rc = dev->iface->alloc(dev, bytes, d_out);
+    if (rc)
+        return rc;
+    dev->used += bytes;
+    if (dev->used > dev->peak)
+        dev->peak = dev->used;
+    return CASTOR_OK;
+}
+
+void cdev_free(cdev *dev, void *d_ptr, size_t bytes)
+{
+    if (!dev || !d_ptr)
+        return;
+    dev->iface->release(dev, d_ptr);
+    dev->used -= bytes <= dev->used ? bytes : dev->used;
+}
+
+void cdev_destroy(cdev *dev)
+{
+    if (dev)
+        dev->iface->destroy(dev);
+}
+
+int castor_cuda_device_count(const char **why)
+{
+    return cdev_cuda_count(why);
+}
+
+int castor_cuda_device_info(int ordinal, castor_device_info *info)
+{
+    if (!info)
+        return CASTOR_MISUSE;
+    return cdev_cuda_info(ordinal, info);
+}
