@@ -42,7 +42,7 @@ enum cdev_stream {
 typedef struct cdev_iface {
     const char *backend;  /* "cpu", "cuda" */
 
-    void (*destroy)(cdev *dev);  /* frees ctx; all buffers already released */
+    void (*destroy)(cdev *dev);  /* frees ctx and dev itself; buffers already released */
 
     /* Raw allocation; the budget is enforced by cdev_alloc() around it. */
     int (*alloc)(cdev *dev, size_t bytes, void **d_out);

@@ -143,6 +143,7 @@ static int open_entry(castor_strategy *s, const device_entry *e)
         return strategy_fail(s, CASTOR_INVALID, "no GPU cuda:%d: this machine has %d (cuda:0..%d)",
                              e->ordinal, count, count - 1);
     for (int g = first; g <= last; g++) {
+        int first_replica = s->n_replicas;
         for (int k = 0; k < e->replicas; k++) {
             if ((rc = cdev_cuda_create(g, k, s->opts.device_memory_budget, s->opts.tf32, &dev,
                                        err, sizeof err)))
@@ -150,6 +151,11 @@ static int open_entry(castor_strategy *s, const device_entry *e)
             if ((rc = add_device(s, dev)))
                 return rc;
         }
+        /* Without a budget each replica would count the GPU's whole free
+         * memory as its own; logical replicas share it evenly instead. */
+        if (!s->opts.device_memory_budget)
+            for (int i = first_replica; i < s->n_replicas; i++)
+                s->devs[i]->budget /= (size_t)e->replicas;
     }
     s->use_cuda = 1;
     return CASTOR_OK;

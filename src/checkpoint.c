@@ -1,0 +1,640 @@
+/*
+ * Checkpoints: a model's variables, optimizer state and training position in
+ * a safetensors file (src/safetensors.h).
+ *
+ * Tensors (all F32, little-endian, row-major), in this order in the file:
+ *   dense_<l>.kernel            [in, out]   layer l's kernel (Keras's layout)
+ *   dense_<l>.bias              [out]
+ *   ... for every layer, then for every optimizer slot s (host/optim.h's
+ *   names: "momentum" for SGD with momentum, "adam_m" and "adam_v" for
+ *   Adam/AdamW), for every layer:
+ *   dense_<l>.kernel.<s>        [in, out]
+ *   dense_<l>.bias.<s>          [out]
+ * so the data section is the flat parameter buffer followed by the flat
+ * optimizer state (slot k of variable i at k*n + i), byte for byte.
+ *
+ * __metadata__ (strings, as safetensors requires):
+ *   format          "castor-checkpoint-1"
+ *   castor_version  the library that wrote it
+ *   input_features, layers ("128:relu,10:linear"), loss ("softmax_xent", "mse")
+ *   optimizer ("sgd", "adam", "adamw") and learning_rate, momentum, nesterov,
+ *     beta1, beta2, epsilon, weight_decay (floats as %.9g: they read back
+ *     exactly)
+ *   seed, step, epoch, step_in_epoch, epoch_batch
+ *   rng             how the random streams follow from the seed: weights from
+ *                   stream (seed, init), epoch e's shuffle from stream
+ *                   (seed, shuffle, e) (src/rng.h), so seed and epoch are the
+ *                   whole RNG state and nothing else needs saving
+ *   strategy, devices, replicas   what trained it (informational: a
+ *                   checkpoint loads on any strategy)
+ *   crc32           zlib CRC-32 of the data section, 8 hex digits
+ *
+ * Loading checks everything before it changes anything: CASTOR_IO when the
+ * file cannot be read, CASTOR_FORMAT when it is not a well-formed castor
+ * checkpoint (bad safetensors, missing or bad metadata, CRC mismatch),
+ * CASTOR_MISMATCH when it is well-formed but does not fit the model (input
+ * features, layers, loss, optimizer kind or state slots, a tensor missing,
+ * extra, or of another shape). Loading also takes the optimizer's
+ * hyper-parameters and the seed from the file, so that training continues
+ * exactly as it would have.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#include "host/optim.h"
+#include "model.h"
+#include "safetensors.h"
+#include "strategy.h"
+#include "util.h"
+
+#define CKPT_FORMAT "castor-checkpoint-1"
+#define CKPT_RNG                                                                         \
+    "xoshiro256** streams from seed (splitmix64-seeded); weights: stream (seed, init, 0); " \
+    "shuffle of epoch e: stream (seed, shuffle, e); shuffle stream index = epoch"
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+static uint32_t crc_update(uint32_t crc, const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    uLong c = crc;
+    while (len) {
+        uInt chunk = len > (1u << 30) ? (1u << 30) : (uInt)len;
+        c = crc32(c, p, chunk);
+        p += chunk;
+        len -= chunk;
+    }
+    return (uint32_t)c;
+}
+
+static const char *loss_name(castor_loss loss)
+{
+    return loss == CASTOR_LOSS_MSE ? "mse" : "softmax_xent";
+}
+
+static int loss_parse(const char *s, castor_loss *out)
+{
+    if (strcmp(s, "softmax_xent") == 0)
+        *out = CASTOR_LOSS_SOFTMAX_XENT;
+    else if (strcmp(s, "mse") == 0)
+        *out = CASTOR_LOSS_MSE;
+    else
+        return -1;
+    return 0;
+}
+
+/* A whole decimal number, digits only (no sign, no spaces), <= max. */
+static int parse_uint(const char *s, uint64_t max, uint64_t *out)
+{
+    if (!s || !*s)
+        return -1;
+    uint64_t v = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return -1;
+        unsigned d = (unsigned)(*p - '0');
+        if (v > (max - d) / 10)
+            return -1;
+        v = v * 10 + d;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_float(const char *s, float *out)
+{
+    if (!s || !strchr("+-.0123456789", *s) || !*s)
+        return -1;
+    char *end = NULL;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (*end || errno == ERANGE || v != v || v - v != 0.0f)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* ---- the tensors a model has ---------------------------------------------- */
+
+typedef struct expect {
+    char name[64];
+    int rank;
+    size_t shape[2];
+    float *dst;        /* where the values live in the model */
+    size_t count;
+} expect;
+
+/* The model's tensors in file order; *count = 2 * layers * (1 + slots). */
+static expect *expected_tensors(const castor_model *m, size_t *count)
+{
+    size_t per = (size_t)m->n_layers * 2;
+    size_t n = per * (size_t)(1 + m->opt_slots);
+    expect *e = calloc(n ? n : 1, sizeof *e);
+    if (!e)
+        return NULL;
+    float *params = m->params.ptr, *state = m->opt_state.ptr;
+    size_t k = 0;
+    for (int slot = -1; slot < m->opt_slots; slot++) {
+        const char *sname = slot >= 0 ? castor__optim_slot_name(&m->opt, slot) : NULL;
+        float *base = slot < 0 ? params : state + (size_t)slot * m->n_params;
+        for (int l = 0; l < m->n_layers; l++) {
+            const castor__layer *lay = &m->layers[l];
+            expect *w = &e[k++], *b = &e[k++];
+            snprintf(w->name, sizeof w->name, "dense_%d.kernel%s%s", l, sname ? "." : "",
+                     sname ? sname : "");
+            snprintf(b->name, sizeof b->name, "dense_%d.bias%s%s", l, sname ? "." : "",
+                     sname ? sname : "");
+            w->rank = 2;
+            w->shape[0] = (size_t)lay->in;
+            w->shape[1] = (size_t)lay->out;
+            w->count = (size_t)lay->in * (size_t)lay->out;
+            w->dst = base + lay->w_off;
+            b->rank = 1;
+            b->shape[0] = (size_t)lay->out;
+            b->count = (size_t)lay->out;
+            b->dst = base + lay->b_off;
+        }
+    }
+    *count = n;
+    return e;
+}
+
+/* "[784,128]" into buf. */
+static const char *shape_text(const size_t *shape, int rank, char *buf, size_t len)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int d = 0; d < rank && used < len; d++) {
+        int w = snprintf(buf + used, len - used, "%s%zu", d ? "," : "[", shape[d]);
+        if (w < 0)
+            break;
+        used += (size_t)w;
+    }
+    if (used < len)
+        snprintf(buf + used, len - used, "%s", rank ? "]" : "[]");
+    return buf;
+}
+
+/* ---- metadata ----------------------------------------------------------------- */
+
+typedef struct ckpt_info {
+    int input_features;
+    const char *layers;        /* points into the parsed file */
+    castor_loss loss;
+    castor_optimizer opt;
+    uint64_t seed;
+    int64_t step, epoch, step_in_epoch;
+    int epoch_batch;
+    uint32_t crc;
+} ckpt_info;
+
+static int need(const castor__st_file *f, const char *path, const char *key, const char **out,
+                char *err, size_t errlen)
+{
+    *out = castor__st_meta_get(f, key);
+    if (!*out) {
+        castor__errf(err, errlen, "%s: not a complete castor checkpoint: __metadata__ has no "
+                     "'%s'", path, key);
+        return CASTOR_FORMAT;
+    }
+    return CASTOR_OK;
+}
+
+static int bad_value(const char *path, const char *key, const char *value, const char *want,
+                     char *err, size_t errlen)
+{
+    castor__errf(err, errlen, "%s: __metadata__ '%s' is '%.60s', not %s", path, key, value, want);
+    return CASTOR_FORMAT;
+}
+
+/* Read and check the metadata (not yet against a model). */
+static int read_info(const castor__st_file *f, const char *path, ckpt_info *info, char *err,
+                     size_t errlen)
+{
+    memset(info, 0, sizeof *info);
+    const char *v;
+    uint64_t u;
+    int rc;
+    if (!castor__st_meta_get(f, "format")) {
+        castor__errf(err, errlen, "%s: not a castor checkpoint (the safetensors __metadata__ has "
+                     "no 'format')", path);
+        return CASTOR_FORMAT;
+    }
+    v = castor__st_meta_get(f, "format");
+    if (strcmp(v, CKPT_FORMAT) != 0) {
+        castor__errf(err, errlen, "%s: format '%.60s' is not %s (written by another program or "
+                     "a newer castor?)", path, v, CKPT_FORMAT);
+        return CASTOR_FORMAT;
+    }
+    if ((rc = need(f, path, "input_features", &v, err, errlen)))
+        return rc;
+    if (parse_uint(v, INT_MAX, &u) || u == 0)
+        return bad_value(path, "input_features", v, "a positive whole number", err, errlen);
+    info->input_features = (int)u;
+    if ((rc = need(f, path, "layers", &info->layers, err, errlen)))
+        return rc;
+    if ((rc = need(f, path, "loss", &v, err, errlen)))
+        return rc;
+    if (loss_parse(v, &info->loss))
+        return bad_value(path, "loss", v, "softmax_xent or mse", err, errlen);
+
+    if ((rc = need(f, path, "optimizer", &v, err, errlen)))
+        return rc;
+    castor_optimizer_kind kind;
+    if (castor_optimizer_kind_parse(v, &kind))
+        return bad_value(path, "optimizer", v, "sgd, adam or adamw", err, errlen);
+    castor_optimizer opt = castor_optimizer_defaults(kind);
+    static const char *const fkeys[] = {"learning_rate", "momentum", "beta1", "beta2",
+                                        "epsilon", "weight_decay"};
+    float *fvals[] = {&opt.learning_rate, &opt.momentum, &opt.beta1, &opt.beta2, &opt.epsilon,
+                      &opt.weight_decay};
+    for (size_t i = 0; i < sizeof fkeys / sizeof fkeys[0]; i++) {
+        if ((rc = need(f, path, fkeys[i], &v, err, errlen)))
+            return rc;
+        if (parse_float(v, fvals[i]))
+            return bad_value(path, fkeys[i], v, "a finite number", err, errlen);
+    }
+    if ((rc = need(f, path, "nesterov", &v, err, errlen)))
+        return rc;
+    if (parse_uint(v, 1, &u))
+        return bad_value(path, "nesterov", v, "0 or 1", err, errlen);
+    opt.nesterov = (int)u;
+    char oerr[256];
+    if (castor__optim_validate(&opt, oerr, sizeof oerr)) {
+        castor__errf(err, errlen, "%s: bad optimizer in __metadata__: %s", path, oerr);
+        return CASTOR_FORMAT;
+    }
+    info->opt = opt;
+
+    if ((rc = need(f, path, "seed", &v, err, errlen)))
+        return rc;
+    if (parse_uint(v, UINT64_MAX, &info->seed))
+        return bad_value(path, "seed", v, "a whole number", err, errlen);
+    static const char *const ikeys[] = {"step", "epoch", "step_in_epoch"};
+    int64_t *ivals[] = {&info->step, &info->epoch, &info->step_in_epoch};
+    for (size_t i = 0; i < 3; i++) {
+        if ((rc = need(f, path, ikeys[i], &v, err, errlen)))
+            return rc;
+        if (parse_uint(v, INT64_MAX, &u))
+            return bad_value(path, ikeys[i], v, "a whole number >= 0", err, errlen);
+        *ivals[i] = (int64_t)u;
+    }
+    if ((rc = need(f, path, "epoch_batch", &v, err, errlen)))
+        return rc;
+    if (parse_uint(v, INT_MAX, &u))
+        return bad_value(path, "epoch_batch", v, "a whole number >= 0", err, errlen);
+    info->epoch_batch = (int)u;
+    if (info->step_in_epoch > 0 && info->epoch_batch == 0)
+        return bad_value(path, "epoch_batch", v, "a batch size (an epoch is in progress)", err,
+                         errlen);
+
+    if ((rc = need(f, path, "crc32", &v, err, errlen)))
+        return rc;
+    size_t len = strlen(v);
+    if (len == 0 || len > 8 || strspn(v, "0123456789abcdefABCDEF") != len)
+        return bad_value(path, "crc32", v, "8 hex digits", err, errlen);
+    info->crc = (uint32_t)strtoul(v, NULL, 16);
+    return CASTOR_OK;
+}
+
+/* ---- load ------------------------------------------------------------------------ */
+
+static int cmp_tensor_name(const void *a, const void *b)
+{
+    return strcmp((*(const castor__st_tensor *const *)a)->name,
+                  (*(const castor__st_tensor *const *)b)->name);
+}
+
+static int cmp_key_tensor(const void *key, const void *elem)
+{
+    return strcmp((const char *)key, (*(const castor__st_tensor *const *)elem)->name);
+}
+
+/* Compare the file with the model; nothing is changed. On success *out_exp
+ * (count *out_n) says where each expected tensor goes and its source. */
+static int check_against_model(castor_model *m, const castor__st_file *f, const char *path,
+                               const ckpt_info *info, expect **out_exp,
+                               const castor__st_tensor ***out_src, size_t *out_n)
+{
+    char *err = m->errmsg;
+    size_t errlen = sizeof m->errmsg;
+    if (info->input_features != m->input_features) {
+        castor__errf(err, errlen, "%s: the checkpoint's model takes %d input features, this one "
+                     "%d", path, info->input_features, m->input_features);
+        return CASTOR_MISMATCH;
+    }
+    /* Normalise the file's layer list through the same parser ("10" and
+     * "10:linear" are the same layer). */
+    castor_model *scratch = NULL;
+    int rc = castor_model_create(&scratch, info->input_features);
+    if (!rc)
+        rc = castor_model_add_layers(scratch, info->layers);
+    if (rc) {
+        castor__errf(err, errlen, "%s: bad layers '%.80s' in __metadata__: %s", path,
+                     info->layers, castor_model_errmsg(scratch));
+        castor_model_free(scratch);
+        return rc == CASTOR_NOMEM ? rc : CASTOR_FORMAT;
+    }
+    size_t speclen = (size_t)(m->n_layers > scratch->n_layers ? m->n_layers : scratch->n_layers) *
+                         40 + 16;
+    char *mine = malloc(speclen), *theirs = malloc(speclen);
+    if (!mine || !theirs || castor_model_layers_spec(m, mine, speclen) ||
+        castor_model_layers_spec(scratch, theirs, speclen)) {
+        free(mine);
+        free(theirs);
+        castor_model_free(scratch);
+        castor__errf(err, errlen, "%s: out of memory", path);
+        return CASTOR_NOMEM;
+    }
+    castor_model_free(scratch);
+    if (strcmp(mine, theirs) != 0) {
+        castor__errf(err, errlen, "%s: the checkpoint's layers are %.150s, the model's %.150s",
+                     path, theirs, mine);
+        free(mine);
+        free(theirs);
+        return CASTOR_MISMATCH;
+    }
+    free(mine);
+    free(theirs);
+    if (info->loss != m->loss) {
+        castor__errf(err, errlen, "%s: the checkpoint's loss is %s, the model's %s", path,
+                     loss_name(info->loss), loss_name(m->loss));
+        return CASTOR_MISMATCH;
+    }
+    if (info->opt.kind != m->opt.kind) {
+        castor__errf(err, errlen, "%s: the checkpoint's optimizer is %s, the model's %s", path,
+                     castor_optimizer_kind_name(info->opt.kind),
+                     castor_optimizer_kind_name(m->opt.kind));
+        return CASTOR_MISMATCH;
+    }
+    if (castor__optim_slots(&info->opt) != m->opt_slots) {
+        castor__errf(err, errlen, "%s: the checkpoint's %s keeps %d state slot(s) per variable "
+                     "(momentum %g), the model's %d (momentum %g)", path,
+                     castor_optimizer_kind_name(info->opt.kind), castor__optim_slots(&info->opt),
+                     (double)info->opt.momentum, m->opt_slots, (double)m->opt.momentum);
+        return CASTOR_MISMATCH;
+    }
+
+    size_t n = 0;
+    expect *exp = expected_tensors(m, &n);
+    const castor__st_tensor **sorted = malloc((f->n_tensors ? f->n_tensors : 1) * sizeof *sorted);
+    const castor__st_tensor **src = malloc((n ? n : 1) * sizeof *src);
+    unsigned char *used = calloc(f->n_tensors ? f->n_tensors : 1, 1);
+    if (!exp || !sorted || !src || !used) {
+        free(exp);
+        free(sorted);
+        free(src);
+        free(used);
+        castor__errf(err, errlen, "%s: out of memory", path);
+        return CASTOR_NOMEM;
+    }
+    for (size_t i = 0; i < f->n_tensors; i++)
+        sorted[i] = &f->tensors[i];
+    qsort(sorted, f->n_tensors, sizeof *sorted, cmp_tensor_name);
+    rc = CASTOR_OK;
+    for (size_t i = 0; i < n && !rc; i++) {
+        const castor__st_tensor *const *hit =
+            bsearch(exp[i].name, sorted, f->n_tensors, sizeof *sorted, cmp_key_tensor);
+        if (!hit) {
+            castor__errf(err, errlen, "%s: tensor %s is missing", path, exp[i].name);
+            rc = CASTOR_MISMATCH;
+            break;
+        }
+        const castor__st_tensor *t = *hit;
+        int same = t->rank == exp[i].rank;
+        for (int d = 0; same && d < t->rank; d++)
+            same = t->shape[d] == exp[i].shape[d];
+        if (!same) {
+            char a[96], b[96];
+            castor__errf(err, errlen, "%s: tensor %s has shape %s, the model expects %s", path,
+                         exp[i].name, shape_text(t->shape, t->rank, a, sizeof a),
+                         shape_text(exp[i].shape, exp[i].rank, b, sizeof b));
+            rc = CASTOR_MISMATCH;
+            break;
+        }
+        src[i] = t;
+        used[t - f->tensors] = 1;
+    }
+    for (size_t i = 0; i < f->n_tensors && !rc; i++)
+        if (!used[i]) {
+            castor__errf(err, errlen, "%s: unexpected tensor '%.80s' (the model has no such "
+                         "variable or optimizer slot)", path, f->tensors[i].name);
+            rc = CASTOR_MISMATCH;
+        }
+    free(sorted);
+    free(used);
+    if (!rc) {
+        uint32_t crc = crc_update((uint32_t)crc32(0L, Z_NULL, 0), f->data, f->data_len);
+        if (crc != info->crc) {
+            castor__errf(err, errlen, "%s: CRC-32 of the data section is %08" PRIx32 ", the "
+                         "header says %08" PRIx32 ": the file is corrupt", path, crc, info->crc);
+            rc = CASTOR_FORMAT;
+        }
+    }
+    if (rc) {
+        free(exp);
+        free(src);
+        return rc;
+    }
+    *out_exp = exp;
+    *out_src = src;
+    *out_n = n;
+    return CASTOR_OK;
+}
+
+/* Load a parsed checkpoint into a compiled model: everything is checked
+ * before anything changes. */
+static int load_parsed(castor_model *m, const castor__st_file *f, const char *path)
+{
+    ckpt_info info;
+    int rc = read_info(f, path, &info, m->errmsg, sizeof m->errmsg);
+    if (rc)
+        return rc;
+    expect *exp = NULL;
+    const castor__st_tensor **src = NULL;
+    size_t n = 0;
+    if ((rc = check_against_model(m, f, path, &info, &exp, &src, &n)))
+        return rc;
+
+    /* From here on the file is known good: copy it in. */
+    for (size_t i = 0; i < n; i++)
+        if (exp[i].count)
+            memcpy(exp[i].dst, f->data + src[i]->begin, exp[i].count * sizeof(float));
+    free(exp);
+    free(src);
+    m->opt = info.opt;
+    m->seed = info.seed;
+    m->step = info.step;
+    m->epoch = info.epoch;
+    m->step_in_epoch = info.step_in_epoch;
+    m->epoch_batch = info.epoch_batch;
+    m->host_params_current = 1;
+    m->params_version++;
+    rc = m->strategy->ops->push(m);
+    if (rc) {
+        char why[sizeof m->errmsg];
+        snprintf(why, sizeof why, "%s", m->errmsg);
+        return castor__model_fail(m, rc, "%s: loaded, but placing the variables on the "
+                                  "replicas failed: %.300s", path, why);
+    }
+    return CASTOR_OK;
+}
+
+int castor_model_load(castor_model *m, const char *path)
+{
+    if (!m)
+        return CASTOR_MISUSE;
+    if (!path || !*path)
+        return castor__model_fail(m, CASTOR_MISUSE, "load: no file name given");
+    if (!m->compiled || !m->strategy)
+        return castor__model_fail(m, CASTOR_MISUSE, "%s: load needs a compiled model", path);
+    castor__st_file f;
+    int rc = castor__st_read(path, &f, m->errmsg, sizeof m->errmsg);
+    if (!rc)
+        rc = load_parsed(m, &f, path);
+    castor__st_free(&f);
+    return rc;
+}
+
+int castor_model_open(castor_model **out, const char *path, castor_strategy *strategy)
+{
+    if (!out)
+        return CASTOR_MISUSE;
+    *out = NULL;
+    char err[512];
+    castor__st_file f;
+    ckpt_info info;
+    int rc;
+    if (!path || !*path) {
+        snprintf(err, sizeof err, "open: no file name given");
+        rc = CASTOR_MISUSE;
+    } else {
+        rc = castor__st_read(path, &f, err, sizeof err);
+        if (!rc && (rc = read_info(&f, path, &info, err, sizeof err)))
+            castor__st_free(&f);
+    }
+    if (rc) {
+        /* A model only to carry the message. */
+        castor_model *m = NULL;
+        if (castor_model_create(&m, 1) == CASTOR_OK)
+            castor__model_fail(m, rc, "%s", err);
+        *out = m;
+        return rc;
+    }
+    castor_model *m = NULL;
+    rc = castor_model_create(&m, info.input_features);
+    *out = m;
+    if (!m) {
+        castor__st_free(&f);
+        return rc;
+    }
+    if (!rc) {
+        rc = castor_model_add_layers(m, info.layers);
+        if (rc && rc != CASTOR_NOMEM)
+            rc = CASTOR_FORMAT;
+    }
+    if (rc) {
+        snprintf(err, sizeof err, "%s", m->errmsg);
+        castor__model_fail(m, rc, "%s: bad architecture in __metadata__: %.400s", path, err);
+        castor__st_free(&f);
+        return rc;
+    }
+    rc = castor_model_compile(m, strategy, info.loss, &info.opt, info.seed);
+    if (!rc)
+        rc = load_parsed(m, &f, path);
+    castor__st_free(&f);
+    return rc;
+}
+
+/* ---- save ------------------------------------------------------------------------ */
+
+enum { META_MAX = 32 };
+
+int castor_model_save(castor_model *m, const char *path)
+{
+    if (!m)
+        return CASTOR_MISUSE;
+    if (!path || !*path)
+        return castor__model_fail(m, CASTOR_MISUSE, "save: no file name given");
+    int rc = castor__model_ready(m, "save");
+    if (rc)
+        return rc;
+    if ((rc = m->strategy->ops->pull(m)))
+        return rc;
+
+    size_t n = 0;
+    expect *exp = expected_tensors(m, &n);
+    castor__st_out *outs = calloc(n ? n : 1, sizeof *outs);
+    size_t speclen = (size_t)m->n_layers * 40 + 16;
+    char *spec = malloc(speclen);
+    if (!exp || !outs || !spec || castor_model_layers_spec(m, spec, speclen)) {
+        free(exp);
+        free(outs);
+        free(spec);
+        return castor__model_fail(m, CASTOR_NOMEM, "%s: out of memory", path);
+    }
+    uint32_t crc = (uint32_t)crc32(0L, Z_NULL, 0);
+    for (size_t i = 0; i < n; i++) {
+        outs[i].name = exp[i].name;
+        outs[i].rank = exp[i].rank;
+        outs[i].shape[0] = exp[i].shape[0];
+        outs[i].shape[1] = exp[i].shape[1];
+        outs[i].data = exp[i].dst;
+        crc = crc_update(crc, exp[i].dst, exp[i].count * sizeof(float));
+    }
+
+    char vals[META_MAX][48];
+    castor__st_kv meta[META_MAX];
+    size_t k = 0;
+#define META_S(name, str) (meta[k].key = (name), meta[k].value = (str), k++)
+#define META_F(name, ...)                                                              \
+    (snprintf(vals[k], sizeof vals[k], __VA_ARGS__), meta[k].key = (name),             \
+     meta[k].value = vals[k], k++)
+    const castor_optimizer *o = &m->opt;
+    META_S("format", CKPT_FORMAT);
+    META_S("castor_version", castor_version());
+    META_F("input_features", "%d", m->input_features);
+    META_S("layers", spec);
+    META_S("loss", loss_name(m->loss));
+    META_S("optimizer", castor_optimizer_kind_name(o->kind));
+    META_F("learning_rate", "%.9g", (double)o->learning_rate);
+    META_F("momentum", "%.9g", (double)o->momentum);
+    META_F("nesterov", "%d", o->nesterov ? 1 : 0);
+    META_F("beta1", "%.9g", (double)o->beta1);
+    META_F("beta2", "%.9g", (double)o->beta2);
+    META_F("epsilon", "%.9g", (double)o->epsilon);
+    META_F("weight_decay", "%.9g", (double)o->weight_decay);
+    META_F("seed", "%" PRIu64, m->seed);
+    META_F("step", "%" PRId64, m->step);
+    META_F("epoch", "%" PRId64, m->epoch);
+    META_F("step_in_epoch", "%" PRId64, m->step_in_epoch);
+    META_F("epoch_batch", "%d", m->epoch_batch);
+    META_S("rng", CKPT_RNG);
+    META_S("strategy", m->strategy->ops->name);
+    META_S("devices", m->strategy->devices_spec);
+    META_F("replicas", "%d", m->strategy->n_replicas);
+    META_F("crc32", "%08" PRIx32, crc);
+#undef META_S
+#undef META_F
+
+    rc = castor__st_write(path, outs, n, meta, k, m->errmsg, sizeof m->errmsg);
+    free(exp);
+    free(outs);
+    free(spec);
+    return rc;
+}
+
+int64_t castor_model_epoch(const castor_model *m)
+{
+    return m ? m->epoch : 0;
+}
+
+int64_t castor_model_step_in_epoch(const castor_model *m)
+{
+    return m ? m->step_in_epoch : 0;
+}

@@ -1,0 +1,881 @@
+/* safetensors: an untrusting reader and an atomic writer (see safetensors.h). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE  /* mkostemp, GNU strerror_r: also when built alone (tests/fuzz) */
+#endif
+#include "safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "castor.h"
+#include "util.h"
+
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+               "safetensors data is little-endian; castor copies floats as they are in memory");
+_Static_assert(sizeof(float) == 4, "F32 is a 4-byte IEEE float");
+
+/* The largest integer a JSON number (a double in cJSON) holds exactly. */
+#define JSON_MAX_EXACT 9007199254740992.0
+
+static const char *errtext(int e, char *buf, size_t len)
+{
+    /* GNU strerror_r: returns the text, maybe in buf. */
+    return strerror_r(e, buf, len);
+}
+
+/* ---- UTF-8 ---------------------------------------------------------------- */
+
+/* Is s[0..len) well-formed UTF-8 (no overlongs, no surrogates, <= U+10FFFF)?
+ * NUL bytes are refused too: names and values become C strings. On failure
+ * *bad is the offset of the first bad byte. */
+static int utf8_ok(const unsigned char *s, size_t len, size_t *bad)
+{
+    size_t i = 0;
+    while (i < len) {
+        unsigned c = s[i];
+        size_t need;
+        unsigned min;
+        if (c == 0)
+            goto fail;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if (c >= 0xC2 && c <= 0xDF) {
+            need = 1;
+            min = 0x80;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            need = 2;
+            min = 0x800;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            need = 3;
+            min = 0x10000;
+        } else {
+            goto fail;
+        }
+        if (len - i <= need)
+            goto fail;
+        unsigned cp = c & (0x3Fu >> need);
+        for (size_t k = 1; k <= need; k++) {
+            if ((s[i + k] & 0xC0) != 0x80)
+                goto fail;
+            cp = (cp << 6) | (s[i + k] & 0x3Fu);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            goto fail;
+        i += need + 1;
+    }
+    return 1;
+fail:
+    *bad = i;
+    return 0;
+}
+
+/* ---- reading --------------------------------------------------------------- */
+
+void castor__st_free(castor__st_file *f)
+{
+    if (!f)
+        return;
+    for (size_t i = 0; i < f->n_tensors; i++)
+        free(f->tensors[i].name);
+    for (size_t i = 0; i < f->n_meta; i++) {
+        free(f->meta[i].key);
+        free(f->meta[i].value);
+    }
+    free(f->tensors);
+    free(f->meta);
+    free(f->owned);
+    memset(f, 0, sizeof *f);
+}
+
+/* A JSON number that is a whole number in [0, 2^53] (and fits size_t). */
+static int json_size(const cJSON *v, size_t *out)
+{
+    if (!cJSON_IsNumber(v))
+        return 0;
+    double d = v->valuedouble;
+    if (!(d >= 0.0) || d > JSON_MAX_EXACT || d != floor(d) || d > (double)SIZE_MAX)
+        return 0;
+    *out = (size_t)d;
+    return 1;
+}
+
+/* Printable form of a name for messages: at most 80 bytes. */
+#define NAMEF "%.80s"
+
+static int parse_tensor(const cJSON *item, const char *name, size_t data_len,
+                        castor__st_tensor *t, char *err, size_t errlen)
+{
+    const char *key = item->string;
+    if (!cJSON_IsObject(item)) {
+        castor__errf(err, errlen, "%s: tensor '" NAMEF "' is not a JSON object", name, key);
+        return CASTOR_FORMAT;
+    }
+    const cJSON *dtype = NULL, *shape = NULL, *offsets = NULL;
+    for (const cJSON *f = item->child; f; f = f->next) {
+        const cJSON **slot = NULL;
+        if (strcmp(f->string, "dtype") == 0)
+            slot = &dtype;
+        else if (strcmp(f->string, "shape") == 0)
+            slot = &shape;
+        else if (strcmp(f->string, "data_offsets") == 0)
+            slot = &offsets;
+        else {
+            castor__errf(err, errlen, "%s: tensor '" NAMEF "' has an unknown field '" NAMEF "'",
+                         name, key, f->string);
+            return CASTOR_FORMAT;
+        }
+        if (*slot) {
+            castor__errf(err, errlen, "%s: tensor '" NAMEF "' has field '%s' twice", name, key,
+                         f->string);
+            return CASTOR_FORMAT;
+        }
+        *slot = f;
+    }
+    if (!dtype || !shape || !offsets) {
+        castor__errf(err, errlen, "%s: tensor '" NAMEF "' has no '%s'", name, key,
+                     !dtype ? "dtype" : !shape ? "shape" : "data_offsets");
+        return CASTOR_FORMAT;
+    }
+    if (!cJSON_IsString(dtype)) {
+        castor__errf(err, errlen, "%s: tensor '" NAMEF "': dtype is not a string", name, key);
+        return CASTOR_FORMAT;
+    }
+    if (strcmp(dtype->valuestring, "F32") != 0) {
+        castor__errf(err, errlen, "%s: tensor '" NAMEF "' has dtype '" NAMEF
+                     "'; castor reads only F32", name, key, dtype->valuestring);
+        return CASTOR_FORMAT;
+    }
+    if (!cJSON_IsArray(shape)) {
+        castor__errf(err, errlen, "%s: tensor '" NAMEF "': shape is not an array", name, key);
+        return CASTOR_FORMAT;
+    }
+    int rank = 0;
+    size_t count = 1;
+    for (const cJSON *d = shape->child; d; d = d->next) {
+        if (rank == CASTOR__ST_MAX_RANK) {
+            castor__errf(err, errlen, "%s: tensor '" NAMEF "' has more than %d dimensions",
+                         name, key, CASTOR__ST_MAX_RANK);
+            return CASTOR_FORMAT;
+        }
+        size_t dim;
+        if (!json_size(d, &dim)) {
+            castor__errf(err, errlen, "%s: tensor '" NAMEF "': dimension %d of its shape is not "
+                         "a whole number >= 0", name, key, rank);
+            return CASTOR_FORMAT;
+        }
+        if (!castor__mul_ok(count, dim, &count)) {
+            castor__errf(err, errlen, "%s: tensor '" NAMEF "': the shape's element count "
+                         "overflows", name, key);
+            return CASTOR_FORMAT;
+        }
+        t->shape[rank++] = dim;
+    }
+    size_t bytes;
+    if (!castor__mul_ok(count, sizeof(float), &bytes)) {
+        castor__errf(err, errlen, "%s: tensor '" NAMEF "': the shape's byte count overflows",
+                     name, key);
+        return CASTOR_FORMAT;
+    }
+    size_t begin, end;
+    if (!cJSON_IsArray(offsets) || cJSON_GetArraySize(offsets) != 2 ||
+        !json_size(offsets->child, &begin) || !json_size(offsets->child->next, &end)) {
+        castor__errf(err, errlen, "%s: tensor '" NAMEF "': data_offsets is not a pair of whole "
+                     "numbers >= 0", name, key);
+        return CASTOR_FORMAT;
+    }
+    if (begin > end) {
+        castor__errf(err, errlen, "%s: tensor '" NAMEF "': data_offsets [%zu, %zu] end before "
+                     "they begin", name, key, begin, end);
+        return CASTOR_FORMAT;
+    }
+    if (end > data_len) {
+        castor__errf(err, errlen, "%s: tensor '" NAMEF "': data_offsets [%zu, %zu] go past the "
+                     "end of the %zu-byte data section (truncated file?)", name, key, begin, end,
+                     data_len);
+        return CASTOR_FORMAT;
+    }
+    if (end - begin != bytes) {
+        castor__errf(err, errlen, "%s: tensor '" NAMEF "': data_offsets [%zu, %zu] hold %zu "
+                     "bytes, its shape needs %zu", name, key, begin, end, end - begin, bytes);
+        return CASTOR_FORMAT;
+    }
+    t->rank = rank;
+    t->count = count;
+    t->begin = begin;
+    t->end = end;
+    t->name = strdup(key);
+    if (!t->name) {
+        castor__errf(err, errlen, "%s: out of memory", name);
+        return CASTOR_NOMEM;
+    }
+    return CASTOR_OK;
+}
+
+static int cmp_str_ptr(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int cmp_by_offset(const void *a, const void *b)
+{
+    const castor__st_tensor *x = *(const castor__st_tensor *const *)a;
+    const castor__st_tensor *y = *(const castor__st_tensor *const *)b;
+    if (x->begin != y->begin)
+        return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end)
+        return x->end < y->end ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* Names must be unique: sorted copies of the pointers, neighbours compared. */
+static int check_unique(char **names, size_t n, const char *name, const char *what, char *err,
+                        size_t errlen)
+{
+    if (n < 2)
+        return CASTOR_OK;
+    qsort(names, n, sizeof *names, cmp_str_ptr);
+    for (size_t i = 1; i < n; i++)
+        if (strcmp(names[i - 1], names[i]) == 0) {
+            castor__errf(err, errlen, "%s: %s '" NAMEF "' appears twice", name, what, names[i]);
+            return CASTOR_FORMAT;
+        }
+    return CASTOR_OK;
+}
+
+/* The tensors must cover the data section exactly: sorted by offset, each
+ * must begin where the previous one ended, and the last end at data_len. */
+static int check_coverage(const castor__st_file *f, const char *name, char *err, size_t errlen)
+{
+    if (f->n_tensors == 0) {
+        if (f->data_len) {
+            castor__errf(err, errlen, "%s: the %zu-byte data section belongs to no tensor", name,
+                         f->data_len);
+            return CASTOR_FORMAT;
+        }
+        return CASTOR_OK;
+    }
+    const castor__st_tensor **order = malloc(f->n_tensors * sizeof *order);
+    if (!order) {
+        castor__errf(err, errlen, "%s: out of memory", name);
+        return CASTOR_NOMEM;
+    }
+    for (size_t i = 0; i < f->n_tensors; i++)
+        order[i] = &f->tensors[i];
+    qsort(order, f->n_tensors, sizeof *order, cmp_by_offset);
+    int rc = CASTOR_OK;
+    size_t cursor = 0;
+    const castor__st_tensor *prev = NULL;
+    for (size_t i = 0; i < f->n_tensors && !rc; i++) {
+        const castor__st_tensor *t = order[i];
+        if (t->begin < cursor) {
+            castor__errf(err, errlen, "%s: tensors '" NAMEF "' [%zu, %zu] and '" NAMEF
+                         "' [%zu, %zu] overlap", name, prev->name, prev->begin, prev->end,
+                         t->name, t->begin, t->end);
+            rc = CASTOR_FORMAT;
+        } else if (t->begin > cursor) {
+            castor__errf(err, errlen, "%s: bytes [%zu, %zu) of the data section belong to no "
+                         "tensor", name, cursor, t->begin);
+            rc = CASTOR_FORMAT;
+        }
+        cursor = t->end;
+        prev = t;
+    }
+    if (!rc && cursor != f->data_len) {
+        castor__errf(err, errlen, "%s: bytes [%zu, %zu) at the end of the data section belong "
+                     "to no tensor", name, cursor, f->data_len);
+        rc = CASTOR_FORMAT;
+    }
+    free(order);
+    return rc;
+}
+
+static int parse_metadata(const cJSON *item, const char *name, castor__st_file *out, char *err,
+                          size_t errlen)
+{
+    if (!cJSON_IsObject(item)) {
+        castor__errf(err, errlen, "%s: __metadata__ is not a JSON object", name);
+        return CASTOR_FORMAT;
+    }
+    size_t n = 0;
+    for (const cJSON *v = item->child; v; v = v->next)
+        n++;
+    if (n == 0)
+        return CASTOR_OK;
+    out->meta = calloc(n, sizeof *out->meta);
+    if (!out->meta) {
+        castor__errf(err, errlen, "%s: out of memory", name);
+        return CASTOR_NOMEM;
+    }
+    for (const cJSON *v = item->child; v; v = v->next) {
+        if (!cJSON_IsString(v)) {
+            castor__errf(err, errlen, "%s: __metadata__ value '" NAMEF "' is not a string",
+                         name, v->string);
+            return CASTOR_FORMAT;
+        }
+        castor__st_meta *kv = &out->meta[out->n_meta];
+        kv->key = strdup(v->string);
+        kv->value = strdup(v->valuestring);
+        out->n_meta++;
+        if (!kv->key || !kv->value) {
+            castor__errf(err, errlen, "%s: out of memory", name);
+            return CASTOR_NOMEM;
+        }
+    }
+    return CASTOR_OK;
+}
+
+static int parse_header(const cJSON *root, const char *name, size_t data_len,
+                        castor__st_file *out, char *err, size_t errlen)
+{
+    if (!cJSON_IsObject(root)) {
+        castor__errf(err, errlen, "%s: the header is not a JSON object", name);
+        return CASTOR_FORMAT;
+    }
+    size_t n = 0;
+    const cJSON *meta = NULL;
+    for (const cJSON *it = root->child; it; it = it->next) {
+        if (strcmp(it->string, "__metadata__") == 0) {
+            if (meta) {
+                castor__errf(err, errlen, "%s: __metadata__ appears twice", name);
+                return CASTOR_FORMAT;
+            }
+            meta = it;
+        } else {
+            n++;
+        }
+    }
+    out->data_len = data_len;
+    if (n) {
+        out->tensors = calloc(n, sizeof *out->tensors);
+        if (!out->tensors) {
+            castor__errf(err, errlen, "%s: out of memory", name);
+            return CASTOR_NOMEM;
+        }
+    }
+    int rc;
+    for (const cJSON *it = root->child; it; it = it->next) {
+        if (it == meta)
+            continue;
+        if (it->string[0] == '\0') {
+            castor__errf(err, errlen, "%s: a tensor has an empty name", name);
+            return CASTOR_FORMAT;
+        }
+        if ((rc = parse_tensor(it, name, data_len, &out->tensors[out->n_tensors], err, errlen)))
+            return rc;
+        out->n_tensors++;
+    }
+    if (meta && (rc = parse_metadata(meta, name, out, err, errlen)))
+        return rc;
+
+    /* Duplicates (JSON allows them, safetensors does not). */
+    size_t most = out->n_tensors > out->n_meta ? out->n_tensors : out->n_meta;
+    char **names = most ? malloc(most * sizeof *names) : NULL;
+    if (most && !names) {
+        castor__errf(err, errlen, "%s: out of memory", name);
+        return CASTOR_NOMEM;
+    }
+    for (size_t i = 0; i < out->n_tensors; i++)
+        names[i] = out->tensors[i].name;
+    rc = check_unique(names, out->n_tensors, name, "tensor name", err, errlen);
+    if (!rc) {
+        for (size_t i = 0; i < out->n_meta; i++)
+            names[i] = out->meta[i].key;
+        rc = check_unique(names, out->n_meta, name, "__metadata__ key", err, errlen);
+    }
+    free(names);
+    if (rc)
+        return rc;
+    return check_coverage(out, name, err, errlen);
+}
+
+int castor__st_parse(const unsigned char *bytes, size_t len, const char *name,
+                     castor__st_file *out, char *err, size_t errlen)
+{
+    if (!out)
+        return CASTOR_MISUSE;
+    memset(out, 0, sizeof *out);
+    if (!name)
+        name = "(memory)";
+    if (!bytes && len)
+        return CASTOR_MISUSE;
+    if (len == 0) {
+        castor__errf(err, errlen, "%s: empty file", name);
+        return CASTOR_FORMAT;
+    }
+    if (len < 8) {
+        castor__errf(err, errlen, "%s: truncated: %zu bytes, too short for the 8-byte header "
+                     "length of a safetensors file", name, len);
+        return CASTOR_FORMAT;
+    }
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--)
+        hlen = (hlen << 8) | bytes[i];
+    if (hlen < 2) {
+        castor__errf(err, errlen, "%s: header length %llu is too small for a JSON object", name,
+                     (unsigned long long)hlen);
+        return CASTOR_FORMAT;
+    }
+    if (hlen > CASTOR__ST_MAX_HEADER) {
+        castor__errf(err, errlen, "%s: header length %llu is over the %llu-byte limit (not a "
+                     "safetensors file?)", name, (unsigned long long)hlen,
+                     (unsigned long long)CASTOR__ST_MAX_HEADER);
+        return CASTOR_FORMAT;
+    }
+    if (hlen > len - 8) {
+        castor__errf(err, errlen, "%s: header length %llu is larger than the %zu bytes after it "
+                     "(truncated file?)", name, (unsigned long long)hlen, len - 8);
+        return CASTOR_FORMAT;
+    }
+    const unsigned char *header = bytes + 8;
+    size_t n = (size_t)hlen;
+    if (header[0] != '{') {
+        castor__errf(err, errlen, "%s: the header does not start with '{' (not a safetensors "
+                     "file?)", name);
+        return CASTOR_FORMAT;
+    }
+    size_t bad;
+    if (!utf8_ok(header, n, &bad)) {
+        castor__errf(err, errlen, "%s: the header is not valid UTF-8 (byte %zu of it)", name,
+                     bad);
+        return CASTOR_FORMAT;
+    }
+    /* cJSON gets a copy of exactly the header, so that nothing it does can
+     * reach the data section (and the fuzzer's ASan sees any over-read). */
+    char *text = malloc(n);
+    if (!text) {
+        castor__errf(err, errlen, "%s: out of memory for a %zu-byte header", name, n);
+        return CASTOR_NOMEM;
+    }
+    memcpy(text, header, n);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, n, &end, 0);
+    if (!root) {
+        size_t at = end && end >= text && end <= text + n ? (size_t)(end - text) : 0;
+        free(text);
+        castor__errf(err, errlen, "%s: the header is not valid JSON (near byte %zu of it)", name,
+                     at);
+        return CASTOR_FORMAT;
+    }
+    /* After the object only padding (whitespace) may follow. */
+    for (const char *p = end; p < text + n; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            size_t at = (size_t)(p - text);
+            cJSON_Delete(root);
+            free(text);
+            castor__errf(err, errlen, "%s: the header has bytes after its JSON object (byte %zu "
+                         "of it)", name, at);
+            return CASTOR_FORMAT;
+        }
+    free(text);
+    int rc = parse_header(root, name, len - 8 - n, out, err, errlen);
+    cJSON_Delete(root);
+    if (rc) {
+        castor__st_free(out);
+        return rc;
+    }
+    out->data = bytes + 8 + n;
+    return CASTOR_OK;
+}
+
+int castor__st_read(const char *path, castor__st_file *out, char *err, size_t errlen)
+{
+    char eb[128];
+    if (!out)
+        return CASTOR_MISUSE;
+    memset(out, 0, sizeof *out);
+    if (!path || !*path) {
+        castor__errf(err, errlen, "no file name given");
+        return CASTOR_INVALID;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        castor__errf(err, errlen, "%s: cannot open: %s", path, errtext(errno, eb, sizeof eb));
+        return CASTOR_IO;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        castor__errf(err, errlen, "%s: cannot stat: %s", path, errtext(errno, eb, sizeof eb));
+        close(fd);
+        return CASTOR_IO;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        castor__errf(err, errlen, "%s: is a directory, not a safetensors file", path);
+        close(fd);
+        return CASTOR_IO;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        castor__errf(err, errlen, "%s: not a regular file", path);
+        close(fd);
+        return CASTOR_IO;
+    }
+    if (st.st_size == 0) {
+        castor__errf(err, errlen, "%s: empty file", path);
+        close(fd);
+        return CASTOR_FORMAT;
+    }
+    if ((uintmax_t)st.st_size > (uintmax_t)SIZE_MAX / 2) {
+        castor__errf(err, errlen, "%s: file too large (%jd bytes)", path, (intmax_t)st.st_size);
+        close(fd);
+        return CASTOR_FORMAT;
+    }
+    size_t size = (size_t)st.st_size;
+    /* The whole file is read at once: its size is what is on disk, not what
+     * a header claims, so a lying header cannot make this allocation grow. */
+    unsigned char *buf = malloc(size);
+    if (!buf) {
+        castor__errf(err, errlen, "%s: out of memory for %zu bytes", path, size);
+        close(fd);
+        return CASTOR_NOMEM;
+    }
+    size_t got = 0;
+    while (got < size) {
+        ssize_t r = read(fd, buf + got, size - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            castor__errf(err, errlen, "%s: read failed: %s", path, errtext(errno, eb, sizeof eb));
+            free(buf);
+            close(fd);
+            return CASTOR_IO;
+        }
+        if (r == 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got != size) {
+        castor__errf(err, errlen, "%s: the file shrank while it was read (%zu of %zu bytes)",
+                     path, got, size);
+        free(buf);
+        return CASTOR_IO;
+    }
+    int rc = castor__st_parse(buf, size, path, out, err, errlen);
+    if (rc) {
+        free(buf);
+        return rc;
+    }
+    out->owned = buf;
+    return CASTOR_OK;
+}
+
+const castor__st_tensor *castor__st_find(const castor__st_file *f, const char *name)
+{
+    for (size_t i = 0; f && name && i < f->n_tensors; i++)
+        if (strcmp(f->tensors[i].name, name) == 0)
+            return &f->tensors[i];
+    return NULL;
+}
+
+const char *castor__st_meta_get(const castor__st_file *f, const char *key)
+{
+    for (size_t i = 0; f && key && i < f->n_meta; i++)
+        if (strcmp(f->meta[i].key, key) == 0)
+            return f->meta[i].value;
+    return NULL;
+}
+
+/* ---- writing --------------------------------------------------------------- */
+
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    int oom;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->cap - b->len < n + 1) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap - b->len < n + 1) {
+            if (cap > SIZE_MAX / 2) {
+                b->oom = 1;
+                return;
+            }
+            cap *= 2;
+        }
+        char *grown = realloc(b->p, cap);
+        if (!grown) {
+            b->oom = 1;
+            return;
+        }
+        b->p = grown;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void sb_str(sbuf *b, const char *s)
+{
+    sb_put(b, s, strlen(s));
+}
+
+static void sb_size(sbuf *b, size_t v)
+{
+    char num[32];
+    int w = snprintf(num, sizeof num, "%zu", v);
+    sb_put(b, num, (size_t)w);
+}
+
+/* A JSON string: quotes, backslashes and control characters escaped; the
+ * rest (checked UTF-8) as it is. */
+static void sb_json_str(sbuf *b, const char *s)
+{
+    sb_put(b, "\"", 1);
+    for (const char *p = s; *p; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c == '"' || c == '\\') {
+            char esc[2] = {'\\', (char)c};
+            sb_put(b, esc, 2);
+        } else if (c < 0x20) {
+            char esc[8];
+            snprintf(esc, sizeof esc, "\\u%04x", c);
+            sb_put(b, esc, 6);
+        } else {
+            sb_put(b, p, 1);
+        }
+    }
+    sb_put(b, "\"", 1);
+}
+
+static int write_all(int fd, const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    while (len) {
+        size_t chunk = len > ((size_t)1 << 30) ? ((size_t)1 << 30) : len;
+        ssize_t w = write(fd, p, chunk);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return -1;
+        if (w == 0) {
+            errno = EIO;
+            return -1;
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Build the header; fills *header (padded so that 8 + length is a multiple
+ * of 8) and *data_len. */
+static int build_header(const char *path, const castor__st_out *tensors, size_t n_tensors,
+                        const castor__st_kv *meta, size_t n_meta, sbuf *hb, size_t *data_len,
+                        char *err, size_t errlen)
+{
+    size_t bad;
+    sb_str(hb, "{");
+    int first = 1;
+    if (n_meta) {
+        sb_str(hb, "\"__metadata__\":{");
+        for (size_t i = 0; i < n_meta; i++) {
+            if (!meta[i].key || !meta[i].value ||
+                !utf8_ok((const unsigned char *)meta[i].key, strlen(meta[i].key), &bad) ||
+                !utf8_ok((const unsigned char *)meta[i].value, strlen(meta[i].value), &bad)) {
+                castor__errf(err, errlen, "%s: metadata entry %zu is missing or not UTF-8", path,
+                             i);
+                return CASTOR_INVALID;
+            }
+            if (i)
+                sb_str(hb, ",");
+            sb_json_str(hb, meta[i].key);
+            sb_str(hb, ":");
+            sb_json_str(hb, meta[i].value);
+        }
+        sb_str(hb, "}");
+        first = 0;
+    }
+    size_t offset = 0;
+    for (size_t i = 0; i < n_tensors; i++) {
+        const castor__st_out *t = &tensors[i];
+        if (!t->name || !*t->name || strcmp(t->name, "__metadata__") == 0 ||
+            !utf8_ok((const unsigned char *)t->name, strlen(t->name), &bad) || t->rank < 0 ||
+            t->rank > CASTOR__ST_MAX_RANK) {
+            castor__errf(err, errlen, "%s: tensor %zu has a bad name or rank", path, i);
+            return CASTOR_INVALID;
+        }
+        size_t count = 1, bytes, end;
+        for (int d = 0; d < t->rank; d++)
+            if (!castor__mul_ok(count, t->shape[d], &count)) {
+                castor__errf(err, errlen, "%s: tensor %s is too large", path, t->name);
+                return CASTOR_INVALID;
+            }
+        if (!castor__mul_ok(count, sizeof(float), &bytes) || (end = offset + bytes) < offset ||
+            (double)end > JSON_MAX_EXACT || (count && !t->data)) {
+            castor__errf(err, errlen, "%s: tensor %s is too large or has no data", path,
+                         t->name);
+            return CASTOR_INVALID;
+        }
+        if (!first)
+            sb_str(hb, ",");
+        first = 0;
+        sb_json_str(hb, t->name);
+        sb_str(hb, ":{\"dtype\":\"F32\",\"shape\":[");
+        for (int d = 0; d < t->rank; d++) {
+            if (d)
+                sb_str(hb, ",");
+            sb_size(hb, t->shape[d]);
+        }
+        sb_str(hb, "],\"data_offsets\":[");
+        sb_size(hb, offset);
+        sb_str(hb, ",");
+        sb_size(hb, end);
+        sb_str(hb, "]}");
+        offset = end;
+    }
+    sb_str(hb, "}");
+    while (!hb->oom && (8 + hb->len) % 8)
+        sb_str(hb, " ");
+    if (hb->oom) {
+        castor__errf(err, errlen, "%s: out of memory for the header", path);
+        return CASTOR_NOMEM;
+    }
+    *data_len = offset;
+    return CASTOR_OK;
+}
+
+int castor__st_write(const char *path, const castor__st_out *tensors, size_t n_tensors,
+                     const castor__st_kv *meta, size_t n_meta, char *err, size_t errlen)
+{
+    char eb[128];
+    if (!path || !*path) {
+        castor__errf(err, errlen, "no file name given");
+        return CASTOR_INVALID;
+    }
+    if ((n_tensors && !tensors) || (n_meta && !meta)) {
+        castor__errf(err, errlen, "%s: no tensors or metadata given", path);
+        return CASTOR_INVALID;
+    }
+    struct stat st;
+    mode_t mode = 0644;  /* new files; an existing file keeps its permissions */
+    if (stat(path, &st) == 0) {
+        if (S_ISDIR(st.st_mode)) {
+            castor__errf(err, errlen, "%s: is a directory", path);
+            return CASTOR_IO;
+        }
+        if (!S_ISREG(st.st_mode)) {
+            castor__errf(err, errlen, "%s: exists and is not a regular file", path);
+            return CASTOR_IO;
+        }
+        mode = st.st_mode & 07777;
+    }
+
+    sbuf hb = {0};
+    size_t data_len = 0;
+    int rc = build_header(path, tensors, n_tensors, meta, n_meta, &hb, &data_len, err, errlen);
+    if (rc) {
+        free(hb.p);
+        return rc;
+    }
+
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + sizeof ".tmp.XXXXXX");
+    char *dir = malloc(plen + 2);
+    if (!tmp || !dir) {
+        free(tmp);
+        free(dir);
+        free(hb.p);
+        castor__errf(err, errlen, "%s: out of memory", path);
+        return CASTOR_NOMEM;
+    }
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".tmp.XXXXXX", sizeof ".tmp.XXXXXX");
+    /* The directory to fsync after the rename. */
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        strcpy(dir, ".");
+    else if (slash == path)
+        strcpy(dir, "/");
+    else {
+        memcpy(dir, path, (size_t)(slash - path));
+        dir[slash - path] = '\0';
+    }
+
+    const char *what = NULL;
+    int created = 0;
+    int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0) {
+        what = "cannot create the temporary file";
+        goto fail;
+    }
+    created = 1;
+    unsigned char lenbuf[8];
+    uint64_t hlen = hb.len;
+    for (int i = 0; i < 8; i++)
+        lenbuf[i] = (unsigned char)(hlen >> (8 * i));
+    if (fchmod(fd, mode) != 0) {
+        what = "cannot set the permissions of the temporary file";
+        goto fail;
+    }
+    if (write_all(fd, lenbuf, 8) || write_all(fd, hb.p, hb.len)) {
+        what = "write failed";
+        goto fail;
+    }
+    for (size_t i = 0; i < n_tensors; i++) {
+        size_t count = 1;
+        for (int d = 0; d < tensors[i].rank; d++)
+            count *= tensors[i].shape[d];  /* checked in build_header */
+        if (count && write_all(fd, tensors[i].data, count * sizeof(float))) {
+            what = "write failed";
+            goto fail;
+        }
+    }
+    if (fsync(fd) != 0) {
+        what = "fsync failed";
+        goto fail;
+    }
+    int cfd = fd;
+    fd = -1;
+    if (close(cfd) != 0) {
+        what = "close failed";
+        goto fail;
+    }
+    if (rename(tmp, path) != 0) {
+        what = "cannot rename the temporary file over it";
+        goto fail;
+    }
+    /* The rename is durable once the directory is. A filesystem that cannot
+     * fsync a directory (EINVAL) has nothing more to do. */
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0 || (fsync(dfd) != 0 && errno != EINVAL)) {
+        int e = errno;
+        if (dfd >= 0)
+            close(dfd);
+        castor__errf(err, errlen, "%s: written, but fsync of the directory %s failed (the file "
+                     "may not survive a crash): %s", path, dir, errtext(e, eb, sizeof eb));
+        free(tmp);
+        free(dir);
+        free(hb.p);
+        return CASTOR_IO;
+    }
+    close(dfd);
+    free(tmp);
+    free(dir);
+    free(hb.p);
+    return CASTOR_OK;
+
+fail: {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        if (created)
+            unlink(tmp);
+        castor__errf(err, errlen, "%s: %s (%s): %s", path, what, tmp, errtext(e, eb, sizeof eb));
+        free(tmp);
+        free(dir);
+        free(hb.p);
+        return CASTOR_IO;
+    }
+}

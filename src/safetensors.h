@@ -1,0 +1,98 @@
+/*
+ * safetensors files (https://github.com/huggingface/safetensors): an 8-byte
+ * little-endian header length N, N bytes of a JSON object (UTF-8, starting
+ * with '{', possibly padded at the end with spaces)
+ *
+ *   {"name": {"dtype": "F32", "shape": [d0, d1, ...], "data_offsets": [b, e]},
+ *    ..., "__metadata__": {"key": "value", ...}}
+ *
+ * then the data section. Offsets are bytes from the start of the data
+ * section; the tensors must cover it exactly, without overlaps or holes.
+ * Data is little-endian, row-major.
+ *
+ * The reader treats the file as untrusted: the header length is checked
+ * against the file size and a cap before anything is allocated for it, and
+ * every entry (dtype, shape, offsets, names, metadata) is checked before the
+ * caller sees it; a file that passes is safe to index with its offsets.
+ * Only F32 tensors are accepted (castor writes nothing else).
+ */
+#ifndef CASTOR_SAFETENSORS_H
+#define CASTOR_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Headers larger than this are refused (the reference implementation's cap). */
+#define CASTOR__ST_MAX_HEADER ((uint64_t)100 << 20)
+/* Tensors of higher rank are refused. */
+#define CASTOR__ST_MAX_RANK 8
+
+typedef struct castor__st_tensor {
+    char *name;                        /* NUL-terminated, no NUL inside */
+    int rank;                          /* 0 (a scalar) .. CASTOR__ST_MAX_RANK */
+    size_t shape[CASTOR__ST_MAX_RANK];
+    size_t count;                      /* product of the shape (1 for a scalar) */
+    size_t begin, end;                 /* bytes in the data section; end-begin = 4*count */
+} castor__st_tensor;
+
+typedef struct castor__st_meta {
+    char *key, *value;
+} castor__st_meta;
+
+typedef struct castor__st_file {
+    unsigned char *owned;              /* the whole file when read by castor__st_read */
+    const unsigned char *data;         /* the data section (not necessarily aligned) */
+    size_t data_len;
+    size_t n_tensors;
+    castor__st_tensor *tensors;        /* in header order */
+    size_t n_meta;
+    castor__st_meta *meta;             /* __metadata__, in header order */
+} castor__st_file;
+
+/*
+ * Parse and validate a safetensors image held in memory (bytes, len); name is
+ * used in messages. The result points into bytes (which must outlive it) for
+ * the data. On failure returns CASTOR_FORMAT (or CASTOR_NOMEM) with
+ * "NAME: what is wrong" in err, and *out is empty (castor__st_free is still
+ * safe to call).
+ */
+int castor__st_parse(const unsigned char *bytes, size_t len, const char *name,
+                     castor__st_file *out, char *err, size_t errlen);
+
+/* Read a file and parse it; the file's bytes are owned by *out. CASTOR_IO for
+ * a file that cannot be opened or read (including a directory), CASTOR_FORMAT
+ * for bad contents (including an empty file). */
+int castor__st_read(const char *path, castor__st_file *out, char *err, size_t errlen);
+
+void castor__st_free(castor__st_file *f);
+
+/* The tensor or metadata value of that name, or NULL. */
+const castor__st_tensor *castor__st_find(const castor__st_file *f, const char *name);
+const char *castor__st_meta_get(const castor__st_file *f, const char *key);
+
+/* A metadata entry to write. */
+typedef struct castor__st_kv {
+    const char *key, *value;
+} castor__st_kv;
+
+/* A tensor to write: count F32 values (the product of shape) from data. */
+typedef struct castor__st_out {
+    const char *name;
+    int rank;
+    size_t shape[CASTOR__ST_MAX_RANK];
+    const float *data;
+} castor__st_out;
+
+/*
+ * Write a safetensors file atomically: a temporary file "PATH.tmp.XXXXXX" in
+ * the same directory, written, fsync'ed and renamed over path, then the
+ * directory fsync'ed. The tensors are laid out in the order given, one after
+ * another; the header is padded with spaces so that the data section starts
+ * at a multiple of 8 bytes. On failure the temporary file is removed, an
+ * existing file at path is untouched, and CASTOR_IO (CASTOR_INVALID for bad
+ * arguments, CASTOR_NOMEM) is returned with "PATH: what is wrong" in err.
+ */
+int castor__st_write(const char *path, const castor__st_out *tensors, size_t n_tensors,
+                     const castor__st_kv *meta, size_t n_meta, char *err, size_t errlen);
+
+#endif
