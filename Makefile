@@ -129,6 +129,7 @@ check-sanitize: deps-check
 	$(MAKE) --no-print-directory BUILD=$(BUILD)/asan NO_CUDA=1 OPT=-O1 SANITIZE="$(ASAN_FLAGS)" \
 	    $(BUILD)/asan/castor-tests
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	    LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
 	    $(BUILD)/asan/castor-tests $(CRITERION_FLAGS)
 	$(MAKE) --no-print-directory BUILD=$(BUILD)/tsan NO_CUDA=1 OPT=-O1 SANITIZE=-fsanitize=thread \
 	    $(BUILD)/tsan/tsan-threads

@@ -1,0 +1,25 @@
+/*
+ * The castor command line: one function per subcommand.
+ *
+ * Each takes the subcommand's own argv (argv[0] is the subcommand's name)
+ * and returns the process exit status: 0 success, 1 a runtime failure,
+ * 2 a usage error, 128+signal when interrupted (see args.h).
+ * The command line uses the library only through include/castor.h.
+ */
+#ifndef CASTOR_CLI_H
+#define CASTOR_CLI_H
+
+#include <stdio.h>
+
+int castor_cli_train(int argc, char **argv);
+int castor_cli_info(int argc, char **argv);
+/* Implemented in bench/; main.c dispatches to it only when built with
+ * CASTOR_HAVE_BENCH. */
+int castor_cli_bench(int argc, char **argv);
+
+/* The help texts (to out), shared by "castor help CMD" and "CMD --help". */
+void castor_cli_usage(FILE *out);
+void castor_cli_train_usage(FILE *out);
+void castor_cli_info_usage(FILE *out);
+
+#endif

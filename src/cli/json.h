@@ -1,0 +1,18 @@
+/* Small helpers over cJSON for the machine-readable output (--json). */
+#ifndef CASTOR_CLI_JSON_H
+#define CASTOR_CLI_JSON_H
+
+#include <stdint.h>
+
+#include <cJSON.h>
+
+/* Add a number; NaN and infinities become null (JSON has no NaN).
+ * Return 0, or -1 when out of memory. */
+int cli_json_num(cJSON *obj, const char *key, double v);
+int cli_json_int(cJSON *obj, const char *key, int64_t v);
+int cli_json_str(cJSON *obj, const char *key, const char *v);
+int cli_json_bool(cJSON *obj, const char *key, int v);
+/* Print obj as one line on stdout; 0, or -1 on failure. */
+int cli_json_print_line(const cJSON *obj);
+
+#endif

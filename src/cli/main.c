@@ -1,0 +1,105 @@
+/* castor: the program's entry point, which hands over to a subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "castor.h"
+#include "args.h"
+#include "cli.h"
+
+void castor_cli_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: castor <command> [flags]\n"
+            "\n"
+            "Train dense neural networks with central storage: one master copy of the\n"
+            "weights in pinned host memory, updated on the CPU, and one thread per\n"
+            "device replica computing gradients (or a mirrored strategy to compare).\n"
+            "\n"
+            "commands:\n"
+            "  train        train a model on an IDX data set and evaluate it on the test set\n"
+            "  info         show the version, the build's features, CPU cores and GPUs\n"
+#ifdef CASTOR_HAVE_BENCH
+            "  bench        measure central storage against mirrored and the hardware limits\n"
+#endif
+            "  help [CMD]   show this help, or the help of CMD\n"
+            "\n"
+            "flags:\n"
+            "  -h, --help   show this help\n"
+            "  --version    print the version and exit\n"
+            "\n"
+            "Run 'castor <command> --help' for the flags of a command.\n"
+            "Exit status: 0 success, 1 failure, 2 usage error, 130/143 interrupted by\n"
+            "SIGINT/SIGTERM.\n");
+}
+
+static int print_version(void)
+{
+    printf("castor %s\n", castor_version());
+    if (castor_version_number() != CASTOR_VERSION_NUMBER)
+        fprintf(stderr, "castor: warning: built against castor.h %s but linked with library %s\n",
+               CASTOR_VERSION_STRING, castor_version());
+    return CLI_EXIT_OK;
+}
+
+static int help(int argc, char **argv)
+{
+    if (argc < 2) {
+        castor_cli_usage(stdout);
+        return CLI_EXIT_OK;
+    }
+    if (argc > 2) {
+        cli_errorf("help: too many arguments (usage: castor help [COMMAND])");
+        return CLI_EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "train") == 0)
+        castor_cli_train_usage(stdout);
+    else if (strcmp(cmd, "info") == 0)
+        castor_cli_info_usage(stdout);
+#ifdef CASTOR_HAVE_BENCH
+    else if (strcmp(cmd, "bench") == 0) {
+        char *bench_argv[] = {(char *)"bench", (char *)"--help", NULL};
+        return castor_cli_bench(2, bench_argv);
+    }
+#endif
+    else if (strcmp(cmd, "help") == 0)
+        castor_cli_usage(stdout);
+    else {
+        cli_errorf("help: unknown command '%s' (see 'castor --help')", cmd);
+        return CLI_EXIT_USAGE;
+    }
+    return CLI_EXIT_OK;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        cli_errorf("no command given (see 'castor --help')");
+        return CLI_EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    int sub_argc = argc - 1;
+    char **sub_argv = argv + 1;
+
+    if (strcmp(cmd, "train") == 0)
+        return castor_cli_train(sub_argc, sub_argv);
+    if (strcmp(cmd, "info") == 0)
+        return castor_cli_info(sub_argc, sub_argv);
+#ifdef CASTOR_HAVE_BENCH
+    if (strcmp(cmd, "bench") == 0)
+        return castor_cli_bench(sub_argc, sub_argv);
+#endif
+    if (strcmp(cmd, "help") == 0)
+        return help(sub_argc, sub_argv);
+    if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0) {
+        castor_cli_usage(stdout);
+        return CLI_EXIT_OK;
+    }
+    if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0)
+        return print_version();
+    if (cmd[0] == '-')
+        cli_errorf("unknown flag '%s' (see 'castor --help')", cmd);
+    else
+        cli_errorf("unknown command '%s' (see 'castor --help')", cmd);
+    return CLI_EXIT_USAGE;
+}
