@@ -108,9 +108,15 @@ $(BUILD)/castor-gpu-tests: $(GPU_TEST_OBJ) $(BUILD)/libcastor.a
 # parallelism on small machines.
 CRITERION_FLAGS ?= --jobs=$(shell nproc 2>/dev/null || echo 2)
 
-check: deps-check $(BUILD)/castor-tests $(BUILD)/castor
+check: deps-check $(BUILD)/castor-tests $(BUILD)/castor $(BUILD)/readme-example
 	$(BUILD)/castor-tests $(CRITERION_FLAGS)
 	bash tests/cli_test.sh $(BUILD)/castor
+
+# The C program in README.md must keep compiling against the API it shows.
+$(BUILD)/readme-example: README.md $(BUILD)/libcastor.a
+	sed -n '/^```c$$/,/^```$$/p' README.md | sed '1d;$$d' > $(BUILD)/readme-example.c
+	$(CC) -std=c11 -Wall -Wextra -Werror -Iinclude $(BUILD)/readme-example.c \
+	    $(BUILD)/libcastor.a $(SANITIZE) $(LDLIBS) -o $@
 
 check-gpu: deps-check $(BUILD)/castor-gpu-tests $(BUILD)/castor
 	$(BUILD)/castor-gpu-tests $(CRITERION_FLAGS)
