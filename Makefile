@@ -111,6 +111,7 @@ CRITERION_FLAGS ?= --jobs=$(shell nproc 2>/dev/null || echo 2)
 check: deps-check $(BUILD)/castor-tests $(BUILD)/castor $(BUILD)/readme-example
 	$(BUILD)/castor-tests $(CRITERION_FLAGS)
 	bash tests/cli_test.sh $(BUILD)/castor
+	bash tests/bench_smoke.sh $(BUILD)/castor
 
 # The C program in README.md must keep compiling against the API it shows.
 $(BUILD)/readme-example: README.md $(BUILD)/libcastor.a

@@ -1,5 +1,6 @@
 #include "replica.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -71,12 +72,15 @@ static int too_big(cdev *dev, const castor_model *m, int rows, int mirrored)
 {
     size_t need = castor__replica_bytes(m, rows, mirrored);
     size_t params = m->n_params * sizeof(float);
+    char acts[96] = "";
+    if (rows > 0)
+        snprintf(acts, sizeof acts, ", activations for %d rows %zu", rows,
+                 need - param_arena_bytes(m, mirrored));
     return cdev_fail(dev, CASTOR_DEVICE_MEMORY,
                      "the model needs %zu bytes of device memory per replica on %s "
-                     "(variables %zu, gradients %zu%s, activations for %d rows %zu), "
-                     "but the device's budget is %zu bytes",
-                     need, dev->name, params, params, mirrored ? ", optimizer state" : "",
-                     rows, need - param_arena_bytes(m, mirrored), dev->budget);
+                     "(variables %zu, gradients %zu%s%s), but the device's budget is %zu bytes",
+                     need, dev->name, params, params, mirrored ? ", optimizer state" : "", acts,
+                     dev->budget);
 }
 
 int castor__replica_init(castor__replica *r, const castor_model *m, cdev *dev, int index,

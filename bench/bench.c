@@ -1,0 +1,736 @@
+/*
+ * castor bench: both strategies over a grid of models, each run timed step
+ * by step through the public API, beside the limits measured in the same
+ * process (limits.c), reported as a table, CSV, JSON and a plot (report.c).
+ *
+ * One run: a strategy and a model (input -> depth x width relu -> classes,
+ * softmax cross-entropy) on synthetic data from the seed; `warmup` steps
+ * untimed; the run statistics reset; then one fit of steps + 1 steps whose
+ * progress callback stamps the clock after every step, so the `steps`
+ * intervals between the stamps are whole steps as a user sees them (the
+ * trainer's batch gathering included, fit's own setup not). The median
+ * interval is the step time.
+ */
+#include "bench/bench.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "host/pool.h"
+#include "src/cli/args.h"
+#include "src/cli/cli.h"
+
+/* ---- flags ------------------------------------------------------------- */
+
+enum {
+    F_DEVICES,
+    F_STRATEGIES,
+    F_WIDTHS,
+    F_DEPTHS,
+    F_BATCHES,
+    F_STEPS,
+    F_WARMUP,
+    F_INPUT,
+    F_CLASSES,
+    F_OPTIMIZER,
+    F_SEED,
+    F_DEVICE_MEMORY,
+    F_HOST_THREADS,
+    F_TF32,
+    F_OUT,
+    F_QUICK,
+    F_COUNT
+};
+
+static const cli_flag bench_flags[F_COUNT + 1] = {
+    [F_DEVICES] = {"devices", "LIST", "cpu:2",
+                   "the replicas, as for castor train: cpu:N (N emulated CPU devices),\n"
+                   "cuda:0 (one GPU), cuda:0x2 (two replicas sharing GPU 0),\n"
+                   "cuda:0,cuda:1, cuda (every GPU)"},
+    [F_STRATEGIES] = {"strategies", "LIST", "central,mirrored", "the strategies to compare"},
+    [F_WIDTHS] = {"widths", "LIST", "256,1024,2048 (--quick: 64,256)",
+                  "units of each hidden layer, comma separated, 1 to 65536"},
+    [F_DEPTHS] = {"depths", "LIST", "2 (--quick: 1)",
+                  "hidden layers (relu) before the linear output layer, 1 to 64"},
+    [F_BATCHES] = {"batches", "LIST", "256 (--quick: 64)",
+                   "global batch sizes, split over the replicas"},
+    [F_STEPS] = {"steps", "N", "10 (--quick: 3)",
+                 "timed steps per run; the median is reported"},
+    [F_WARMUP] = {"warmup", "N", "3 (--quick: 1)", "untimed steps before them"},
+    [F_INPUT] = {"input", "N", "784", "features per (synthetic) sample"},
+    [F_CLASSES] = {"classes", "N", "10", "classes, the units of the output layer"},
+    [F_OPTIMIZER] = {"optimizer", "sgd|adam|adamw", "adam", "the optimizer"},
+    [F_SEED] = {"seed", "N", "1", "seed of the synthetic data and the initial weights"},
+    [F_DEVICE_MEMORY] = {"device-memory", "BYTES", "0: 1G per emulated CPU device, all of a GPU",
+                         "the device memory each replica may use: 512M, 2G"},
+    [F_HOST_THREADS] = {"host-threads", "N", "0: one per core",
+                        "host threads for the reduction, the optimizer and the triad"},
+    [F_TF32] = {"tf32", NULL, NULL, "allow TF32 tensor-core math on GPUs"},
+    [F_OUT] = {"out", "DIR", "$BENCH_OUT, or else bench/out",
+               "where bench.csv, bench.json and bench.png are written"},
+    [F_QUICK] = {"quick", NULL, NULL,
+                 "a small grid for a smoke test (the defaults marked --quick above,\n"
+                 "and shorter limit measurements); flags given still win"},
+    [F_COUNT] = {NULL, NULL, NULL, NULL},
+};
+
+static void bench_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: castor bench [flags]\n"
+            "\n"
+            "Train the same models with the central and the mirrored strategy on\n"
+            "synthetic data and time them step by step (median of the timed steps,\n"
+            "warm-up excluded). In the same run, measure the limits they are judged\n"
+            "by: host<->device copy bandwidth, host memory bandwidth (a triad on every\n"
+            "host thread) and the devices' GEMM rate at each model's shapes; from them\n"
+            "each run's lower-bound step time, the largest of\n"
+            "  transfer  bytes copied per step / copy bandwidth,\n"
+            "  compute   the step's GEMMs at the measured rates,\n"
+            "  host      bytes through host memory per step (reduction, optimizer)\n"
+            "            / triad bandwidth,\n"
+            "and the ratio of the measured step time to it.\n"
+            "\n"
+            "The table goes to stdout, progress to stderr; DIR receives bench.csv,\n"
+            "bench.json (the limits and every run) and bench.png (step time and peak\n"
+            "device memory against parameters, by gnuplot).\n"
+            "\n"
+            "flags:\n");
+    cli_print_flags(out, bench_flags);
+    fprintf(out,
+            "  -h, --help\n"
+            "      show this help\n"
+            "\n"
+            "examples:\n"
+            "  castor bench\n"
+            "  castor bench --devices cuda:0x2 --widths 1024,4096,8192 --batches 256,1024\n"
+            "  make bench BENCH_ARGS='--quick' BENCH_OUT=/tmp/b\n"
+            "\n"
+            "Exit status: 0 every run succeeded, 1 a run or the limits failed (the\n"
+            "files are still written), 2 a flag is wrong.\n");
+}
+
+/* "a,b,c" into ints in [lo, hi]. */
+static int parse_int_list(const char *flag, const char *s, int lo, int hi, int *out, int *n)
+{
+    char buf[1024];
+    if (strlen(s) >= sizeof buf) {
+        cli_errorf("bench: --%s: list too long", flag);
+        return -1;
+    }
+    snprintf(buf, sizeof buf, "%s", s);
+    int k = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (k == BENCH_MAX_LIST) {
+            cli_errorf("bench: --%s: at most %d values", flag, BENCH_MAX_LIST);
+            return -1;
+        }
+        if (cli_parse_int(flag, tok, lo, hi, &out[k]))
+            return -1;
+        k++;
+    }
+    if (k == 0) {
+        cli_errorf("bench: --%s: no values in '%s'", flag, s);
+        return -1;
+    }
+    *n = k;
+    return 0;
+}
+
+static int parse_strategies(const char *s, bench_config *c)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    c->n_strategies = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        castor_strategy_kind k;
+        if (castor_strategy_kind_parse(tok, &k)) {
+            cli_errorf("bench: --strategies: unknown strategy '%s' (central, mirrored)", tok);
+            return -1;
+        }
+        int dup = 0;
+        for (int i = 0; i < c->n_strategies; i++)
+            dup |= c->strategies[i] == k;
+        if (!dup && c->n_strategies < 2)
+            c->strategies[c->n_strategies++] = k;
+    }
+    if (c->n_strategies == 0) {
+        cli_errorf("bench: --strategies: none given");
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, bench_config *c)
+{
+    memset(c, 0, sizeof *c);
+    const char *given[F_COUNT] = {0};
+    int set[F_COUNT] = {0};
+    cli_parser p;
+    cli_parser_init(&p, "bench", argc, argv);
+    for (;;) {
+        const char *v = NULL;
+        int f = cli_next(&p, bench_flags, &v);
+        if (f == CLI_DONE)
+            break;
+        if (f == CLI_HELP) {
+            bench_usage(stdout);
+            return 1;
+        }
+        if (f == CLI_FAIL)
+            return -1;
+        given[f] = v;
+        set[f] = 1;
+    }
+    c->quick = set[F_QUICK];
+    c->tf32 = set[F_TF32];
+    int q = c->quick;
+    c->devices = given[F_DEVICES] ? given[F_DEVICES] : "cpu:2";
+    if (strlen(c->devices) >= 256) {
+        cli_errorf("bench: --devices: list too long");
+        return -1;
+    }
+    if (parse_strategies(given[F_STRATEGIES] ? given[F_STRATEGIES] : "central,mirrored", c) ||
+        parse_int_list("widths", given[F_WIDTHS] ? given[F_WIDTHS] : q ? "64,256" : "256,1024,2048",
+                       1, 65536, c->widths, &c->n_widths) ||
+        parse_int_list("depths", given[F_DEPTHS] ? given[F_DEPTHS] : q ? "1" : "2", 1, 64,
+                       c->depths, &c->n_depths) ||
+        parse_int_list("batches", given[F_BATCHES] ? given[F_BATCHES] : q ? "64" : "256", 1,
+                       16777216, c->batches, &c->n_batches))
+        return -1;
+    c->steps = q ? 3 : 10;
+    c->warmup = q ? 1 : 3;
+    c->input = 784;
+    c->classes = 10;
+    c->seed = 1;
+    c->optimizer = CASTOR_OPT_ADAM;
+    if ((given[F_STEPS] && cli_parse_int("steps", given[F_STEPS], 1, 100000, &c->steps)) ||
+        (given[F_WARMUP] && cli_parse_int("warmup", given[F_WARMUP], 0, 100000, &c->warmup)) ||
+        (given[F_INPUT] && cli_parse_int("input", given[F_INPUT], 1, 1 << 20, &c->input)) ||
+        (given[F_CLASSES] && cli_parse_int("classes", given[F_CLASSES], 2, 65536, &c->classes)) ||
+        (given[F_SEED] && cli_parse_u64("seed", given[F_SEED], &c->seed)) ||
+        (given[F_DEVICE_MEMORY] &&
+         cli_parse_size("device-memory", given[F_DEVICE_MEMORY], &c->device_memory)) ||
+        (given[F_HOST_THREADS] &&
+         cli_parse_int("host-threads", given[F_HOST_THREADS], 0, 1024, &c->host_threads)))
+        return -1;
+    if (given[F_OPTIMIZER] && castor_optimizer_kind_parse(given[F_OPTIMIZER], &c->optimizer)) {
+        cli_errorf("bench: --optimizer: unknown optimizer '%s' (sgd, adam, adamw)",
+                   given[F_OPTIMIZER]);
+        return -1;
+    }
+    const char *env = getenv("BENCH_OUT");
+    c->out_dir = given[F_OUT] ? given[F_OUT] : env && *env ? env : "bench/out";
+    return 0;
+}
+
+/* ---- progress on stderr ------------------------------------------------- */
+
+static int g_tty = -1;
+static int g_drawn;
+
+static int stderr_tty(void)
+{
+    if (g_tty < 0)
+        g_tty = isatty(STDERR_FILENO);
+    return g_tty;
+}
+
+static int columns(void)
+{
+    struct winsize ws;
+    if (ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 20)
+        return ws.ws_col;
+    return 80;
+}
+
+void bench_progress(const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (stderr_tty()) {
+        /* One line, never wrapped, so that '\r' goes back to its start. */
+        int w = columns() - 1;
+        if ((int)strlen(buf) > w)
+            buf[w] = '\0';
+        fprintf(stderr, "\r%s\033[K", buf);
+        g_drawn = 1;
+    } else {
+        fprintf(stderr, "%s\n", buf);
+    }
+    fflush(stderr);
+}
+
+void bench_progress_done(void)
+{
+    if (stderr_tty() && g_drawn) {
+        fprintf(stderr, "\r\033[K");
+        fflush(stderr);
+    }
+    g_drawn = 0;
+}
+
+/* The library's warnings, each text once. */
+static void log_fn(void *user, castor_log_level level, const char *message)
+{
+    (void)user;
+    static char seen[8][160];
+    static int n_seen;
+    for (int i = 0; i < n_seen; i++)
+        if (strncmp(seen[i], message, sizeof seen[i] - 1) == 0)
+            return;
+    if (n_seen < 8)
+        snprintf(seen[n_seen++], sizeof seen[0], "%s", message);
+    bench_progress_done();
+    fprintf(stderr, "castor: %s: %s\n", level == CASTOR_LOG_ERROR ? "error" : "warning", message);
+}
+
+/* ---- memory figures ---------------------------------------------------- */
+
+/* Reset the kernel's peak-RSS mark to the current RSS (Linux >= 4.0). */
+static int reset_rss_peak(void)
+{
+    int fd = open("/proc/self/clear_refs", O_WRONLY);
+    if (fd < 0)
+        return 0;
+    int ok = write(fd, "5", 1) == 1;
+    close(fd);
+    return ok;
+}
+
+static double rss_peak_now(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return NAN;
+    char line[256];
+    double kib = NAN;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "VmHWM:", 6) == 0) {
+            kib = strtod(line + 6, NULL);
+            break;
+        }
+    fclose(f);
+    return kib * 1024.0;
+}
+
+static double ru_maxrss_bytes(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return NAN;
+    return (double)ru.ru_maxrss * 1024.0; /* KiB on Linux */
+}
+
+/* ---- other processes ---------------------------------------------------- */
+
+/* CPU seconds the whole machine and this process have used, and when. */
+typedef struct cpu_clock {
+    double machine_busy;  /* all CPUs, from /proc/stat; NaN if unreadable */
+    double self;          /* this process, user + system */
+    double wall;
+} cpu_clock;
+
+static void cpu_clock_read(cpu_clock *c)
+{
+    c->wall = cli_now();
+    c->machine_busy = NAN;
+    FILE *f = fopen("/proc/stat", "r");
+    if (f) {
+        unsigned long long v[8] = {0};
+        if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
+                   &v[3], &v[4], &v[5], &v[6], &v[7]) == 8) {
+            /* user nice system [idle iowait] irq softirq steal */
+            double busy = (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]);
+            long tck = sysconf(_SC_CLK_TCK);
+            c->machine_busy = busy / (double)(tck > 0 ? tck : 100);
+        }
+        fclose(f);
+    }
+    struct rusage ru;
+    c->self = NAN;
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+        c->self = (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
+                  (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
+}
+
+/* The share of all cores that other processes used between a and b. */
+static double others_fraction(const cpu_clock *a, const cpu_clock *b)
+{
+    double wall = b->wall - a->wall;
+    double others = (b->machine_busy - a->machine_busy) - (b->self - a->self);
+    double f = others / (wall * castor__cpu_count());
+    return isfinite(f) ? (f < 0 ? 0 : f) : NAN;
+}
+
+/* ---- one run ------------------------------------------------------------- */
+
+static uint64_t splitmix64(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Synthetic samples: features uniform in [0, 1), labels uniform. A few
+ * batches' worth (one for very large batches), cycled through by epochs. */
+static int make_data(const bench_config *c, int batch, castor_dataset **out)
+{
+    size_t per_batch = (size_t)batch * (size_t)c->input;
+    size_t nb = per_batch * 4 <= ((size_t)64 << 20) ? 4 : 1;
+    size_t n = nb * (size_t)batch;
+    float *x = malloc(n * (size_t)c->input * sizeof *x);
+    int32_t *y = malloc(n * sizeof *y);
+    int rc = CASTOR_NOMEM;
+    if (x && y) {
+        uint64_t s = c->seed ^ 0x62656e6368ull;
+        for (size_t i = 0; i < n * (size_t)c->input; i++)
+            x[i] = (float)(splitmix64(&s) >> 40) * (1.0f / 16777216.0f);
+        for (size_t i = 0; i < n; i++)
+            y[i] = (int32_t)(splitmix64(&s) % (uint64_t)c->classes);
+        rc = castor_dataset_from_memory(out, x, n, c->input, y, NULL, 0);
+    }
+    free(x);
+    free(y);
+    return rc;
+}
+
+typedef struct stamps {
+    double *t;
+    int n, cap;
+    double loss;
+    const char *label;
+    int timed;
+    double last_draw;
+} stamps;
+
+static int on_step(void *user, const castor_progress *p)
+{
+    stamps *s = user;
+    double now = cli_now();
+    if (s->timed && s->n < s->cap)
+        s->t[s->n++] = now;
+    s->loss = p->loss;
+    /* Redraw on a terminal only, and rarely: the callback is inside the
+     * timed intervals. */
+    if (stderr_tty() && now - s->last_draw > 0.25) {
+        s->last_draw = now;
+        if (s->timed)
+            bench_progress("%s: step %d/%d", s->label, s->n > 0 ? s->n - 1 : 0, s->cap - 1);
+        else
+            bench_progress("%s: warm-up", s->label);
+    }
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int fail_run(bench_result *r, const char *what, int rc, const char *msg)
+{
+    snprintf(r->error, sizeof r->error, "%s: %s: %s", what, castor_errstr(rc), msg);
+    return -1;
+}
+
+static int run_one(const bench_config *c, castor_strategy_kind kind, int width, int depth,
+                   int batch, const char *label, bench_result *r)
+{
+    memset(r, 0, sizeof *r);
+    r->strategy = kind;
+    r->width = width;
+    r->depth = depth;
+    r->batch = batch;
+    r->replicas = c->replicas;
+    r->bound_by = "-";
+    r->rss_run_scoped = reset_rss_peak();
+
+    castor_strategy *s = NULL;
+    castor_model *m = NULL;
+    castor_dataset *ds = NULL;
+    stamps st = {0};
+    int rc, ret = -1;
+    castor_strategy_options so = CASTOR_STRATEGY_OPTIONS_INIT;
+    so.device_memory_budget = c->device_memory;
+    so.host_threads = c->host_threads;
+    so.tf32 = c->tf32;
+    so.log_fn = log_fn;
+    if ((rc = castor_strategy_create(&s, kind, c->devices, &so))) {
+        fail_run(r, "strategy", rc, castor_strategy_errmsg(s));
+        goto out;
+    }
+    r->replicas = castor_strategy_replicas(s);
+    if ((rc = castor_model_create(&m, c->input))) {
+        fail_run(r, "model", rc, castor_model_errmsg(m));
+        goto out;
+    }
+    for (int l = 0; l <= depth && !rc; l++)
+        rc = castor_model_add_dense(m, l < depth ? width : c->classes,
+                                    l < depth ? CASTOR_ACT_RELU : CASTOR_ACT_LINEAR);
+    castor_optimizer opt = castor_optimizer_defaults(c->optimizer);
+    if (rc || (rc = castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, &opt, c->seed))) {
+        fail_run(r, "compile", rc, castor_model_errmsg(m));
+        goto out;
+    }
+    r->params = castor_model_num_params(m);
+    if ((rc = make_data(c, batch, &ds))) {
+        fail_run(r, "data", rc, castor_dataset_errmsg(ds));
+        goto out;
+    }
+
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.epochs = 1000000000;
+    fo.batch_size = batch;
+    fo.progress = on_step;
+    fo.progress_user = &st;
+    st.label = label;
+    st.last_draw = -1.0;
+    if (c->warmup > 0) {
+        if (stderr_tty())
+            bench_progress("%s: warm-up", label);
+        fo.max_steps = c->warmup;
+        if ((rc = castor_model_fit(m, ds, &fo, NULL))) {
+            fail_run(r, "warm-up", rc, castor_model_errmsg(m));
+            goto out;
+        }
+    }
+    castor_model_reset_run_stats(m);
+    st.cap = c->steps + 1;
+    st.t = malloc((size_t)st.cap * sizeof *st.t);
+    if (!st.t) {
+        fail_run(r, "bench", CASTOR_NOMEM, "out of memory");
+        goto out;
+    }
+    st.timed = 1;
+    fo.max_steps = c->steps + 1;
+    if ((rc = castor_model_fit(m, ds, &fo, NULL))) {
+        fail_run(r, "fit", rc, castor_model_errmsg(m));
+        goto out;
+    }
+    if (st.n != st.cap) {
+        fail_run(r, "fit", CASTOR_ERROR, "the progress callback was not called after every step");
+        goto out;
+    }
+
+    castor_run_stats rs;
+    if ((rc = castor_model_run_stats(m, &rs))) {
+        fail_run(r, "run stats", rc, castor_model_errmsg(m));
+        goto out;
+    }
+    r->steps = c->steps;
+    double *d = st.t; /* intervals, in place */
+    for (int i = 0; i < c->steps; i++)
+        d[i] = st.t[i + 1] - st.t[i];
+    qsort(d, (size_t)c->steps, sizeof *d, cmp_double);
+    int k = c->steps;
+    r->step_median = k % 2 ? d[k / 2] : 0.5 * (d[k / 2 - 1] + d[k / 2]);
+    r->step_min = d[0];
+    r->step_max = d[k - 1];
+    r->samples_per_s = batch / r->step_median;
+    double steps = rs.steps > 0 ? (double)rs.steps : NAN;
+    r->h2d_per_step = (double)rs.bytes_h2d / steps;
+    r->d2h_per_step = (double)rs.bytes_d2h / steps;
+    r->sec_replicas = rs.seconds_replicas / steps;
+    r->sec_reduce = rs.seconds_reduce / steps;
+    r->sec_update = rs.seconds_update / steps;
+    r->sec_total = rs.seconds_total / steps;
+    /* Mirrored uploads the reduced gradient in its update phase. */
+    r->copy_seconds = r->sec_replicas + (kind == CASTOR_STRATEGY_MIRRORED ? r->sec_update : 0);
+    r->bus_bw = (r->h2d_per_step + r->d2h_per_step) / r->copy_seconds;
+    r->host_update_rate = (double)r->params / (r->sec_reduce + r->sec_update);
+    r->device_peak = rs.device_peak_bytes;
+    r->host_pinned = rs.host_bytes;
+    r->loss = st.loss;
+    r->ok = 1;
+    ret = 0;
+out:
+    r->rss_run = rss_peak_now();
+    r->rss_process = ru_maxrss_bytes();
+    free(st.t);
+    castor_model_free(m);
+    castor_dataset_free(ds);
+    castor_strategy_free(s);
+    return ret;
+}
+
+/* ---- the command --------------------------------------------------------- */
+
+static int mkdir_p(const char *path)
+{
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+        return -1;
+    struct stat sb;
+    if (stat(buf, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return 0;
+}
+
+int castor_cli_bench(int argc, char **argv)
+{
+    bench_config c;
+    int prc = parse_args(argc, argv, &c);
+    if (prc)
+        return prc > 0 ? CLI_EXIT_OK : CLI_EXIT_USAGE;
+    double t_start = cli_now();
+    /* Another job on the cores moves every number here: look for one. */
+    cpu_clock look0, look1;
+    cpu_clock_read(&look0);
+    usleep(250000);
+    cpu_clock_read(&look1);
+    c.others_before = others_fraction(&look0, &look1);
+    if (c.others_before > 0.1)
+        fprintf(stderr,
+                "castor: warning: bench: other processes are using %.0f%% of the %d cores: "
+                "the numbers will be noisy\n",
+                100.0 * c.others_before, castor__cpu_count());
+    cpu_clock during0;
+    cpu_clock_read(&during0);
+
+    /* The device list, checked once before anything is measured. */
+    castor_strategy *probe = NULL;
+    castor_strategy_options so = CASTOR_STRATEGY_OPTIONS_INIT;
+    so.device_memory_budget = c.device_memory;
+    so.host_threads = c.host_threads;
+    int rc = castor_strategy_create(&probe, CASTOR_STRATEGY_CENTRAL, c.devices, &so);
+    if (rc) {
+        cli_errorf("bench: --devices %s: %s", c.devices, castor_strategy_errmsg(probe));
+        castor_strategy_free(probe);
+        return rc == CASTOR_INVALID ? CLI_EXIT_USAGE : CLI_EXIT_RUNTIME;
+    }
+    c.replicas = castor_strategy_replicas(probe);
+    castor_strategy_free(probe);
+    for (int b = 0; b < c.n_batches; b++)
+        if (c.batches[b] < c.replicas) {
+            cli_errorf("bench: --batches: batch %d is smaller than the %d replicas", c.batches[b],
+                       c.replicas);
+            return CLI_EXIT_USAGE;
+        }
+    if (mkdir_p(c.out_dir) != 0) {
+        cli_errorf("bench: cannot create the output directory %s: %s", c.out_dir,
+                   strerror(errno));
+        return CLI_EXIT_RUNTIME;
+    }
+
+    int failures = 0;
+    bench_limits L;
+    if (bench_limits_measure(&c, &L)) {
+        bench_progress_done();
+        cli_errorf("bench: cannot measure the limits: %s", L.note);
+        bench_limits_free(&L);
+        return CLI_EXIT_RUNTIME;
+    }
+    if (L.note[0]) {
+        bench_progress_done();
+        fprintf(stderr, "castor: warning: limits: %s\n", L.note);
+    }
+
+    int total = c.n_widths * c.n_depths * c.n_batches * c.n_strategies;
+    bench_result *res = calloc((size_t)total, sizeof *res);
+    if (!res) {
+        cli_errorf("bench: out of memory");
+        bench_limits_free(&L);
+        return CLI_EXIT_RUNTIME;
+    }
+    int i = 0;
+    for (int w = 0; w < c.n_widths; w++)
+        for (int d = 0; d < c.n_depths; d++)
+            for (int b = 0; b < c.n_batches; b++)
+                for (int k = 0; k < c.n_strategies; k++, i++) {
+                    char label[160];
+                    snprintf(label, sizeof label, "[%d/%d] %s width %d depth %d batch %d", i + 1,
+                             total, castor_strategy_kind_name(c.strategies[k]), c.widths[w],
+                             c.depths[d], c.batches[b]);
+                    bench_progress("%s ...", label);
+                    bench_result *r = &res[i];
+                    if (run_one(&c, c.strategies[k], c.widths[w], c.depths[d], c.batches[b],
+                                label, r)) {
+                        failures++;
+                        bench_progress_done();
+                        fprintf(stderr, "castor: %s: %s\n", label, r->error);
+                        continue;
+                    }
+                    bench_lower_bound(&c, &L, r);
+                    /* With one replica, or NCCL, mirrored updates inside
+                     * the replicas' phase: there is no update phase to rate. */
+                    if (r->strategy == CASTOR_STRATEGY_MIRRORED &&
+                        !bench_mirrored_has_update_phase(&L, r->replicas))
+                        r->host_update_rate = NAN;
+                    double h2d, d2h;
+                    bench_expected_bytes(&c, &L, r, &h2d, &d2h);
+                    if (fabs(r->h2d_per_step - h2d) > 0.01 * h2d ||
+                        fabs(r->d2h_per_step - d2h) > 0.01 * d2h) {
+                        bench_progress_done();
+                        fprintf(stderr,
+                                "castor: warning: %s: the run stats count %.0f bytes h2d and "
+                                "%.0f d2h per step; the replica loop should move %.0f and %.0f\n",
+                                label, r->h2d_per_step, r->d2h_per_step, h2d, d2h);
+                    }
+                }
+    bench_progress_done();
+    double wall = cli_now() - t_start;
+    cpu_clock during1;
+    cpu_clock_read(&during1);
+    c.others_during = others_fraction(&during0, &during1);
+    if (c.others_during > 0.1)
+        fprintf(stderr,
+                "castor: warning: bench: other processes used %.0f%% of the cores while it ran: "
+                "the numbers are noisy\n",
+                100.0 * c.others_during);
+
+    bench_print_limits(stdout, &c, &L);
+    bench_print_table(stdout, &c, res, total);
+
+    char path[4200];
+    int out_failed = 0;
+    snprintf(path, sizeof path, "%s/bench.csv", c.out_dir);
+    if (bench_write_csv(path, &c, res, total)) {
+        cli_errorf("bench: cannot write %s: %s", path, strerror(errno));
+        out_failed = 1;
+    }
+    snprintf(path, sizeof path, "%s/bench.json", c.out_dir);
+    if (bench_write_json(path, &c, &L, res, total, wall)) {
+        cli_errorf("bench: cannot write %s: %s", path, strerror(errno));
+        out_failed = 1;
+    }
+    int plotted = bench_plot(c.out_dir, &c, res, total) == 0;
+    printf("\nwrote %s/bench.csv, bench.json%s  (%.1f s in all, %.1f s of it measuring "
+           "limits)\n",
+           c.out_dir, plotted ? ", bench.png" : " (no plot)", wall, L.seconds);
+    fflush(stdout);
+    bench_limits_free(&L);
+    free(res);
+    if (failures)
+        cli_errorf("bench: %d of %d runs failed", failures, total);
+    return failures || out_failed ? CLI_EXIT_RUNTIME : CLI_EXIT_OK;
+}

@@ -1,0 +1,157 @@
+/*
+ * castor bench: central storage against mirrored, judged against the limits
+ * of the machine it runs on.
+ *
+ *   bench.c   flags, the grid of runs, one run through the public API
+ *   limits.c  the limits, measured in the same process: copy bandwidth over
+ *             the device interface, host memory bandwidth (a triad on the
+ *             host pool), the GEMM rate at the model's shapes; and each
+ *             run's lower-bound step time from them
+ *   report.c  the table on stdout, bench.csv, bench.json and bench.png
+ *
+ * The bench is part of the castor program (src/cli/ dispatches
+ * "castor bench" to castor_cli_bench), so it may print; it drives training
+ * through include/castor.h only, and uses the internal headers
+ * (device/device.h and host/) only to measure the limits.
+ */
+#ifndef CASTOR_BENCH_H
+#define CASTOR_BENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "castor.h"
+
+#define BENCH_MAX_LIST 32
+
+typedef struct bench_config {
+    const char *devices;                  /* as castor_strategy_create takes it */
+    castor_strategy_kind strategies[2];
+    int n_strategies;
+    int widths[BENCH_MAX_LIST], n_widths;
+    int depths[BENCH_MAX_LIST], n_depths; /* hidden layers of `width` units */
+    int batches[BENCH_MAX_LIST], n_batches;
+    int steps;                            /* timed steps per run */
+    int warmup;                           /* untimed steps before them */
+    int input;                            /* features per sample */
+    int classes;                          /* units of the (linear) output layer */
+    castor_optimizer_kind optimizer;
+    uint64_t seed;
+    size_t device_memory;                 /* castor_strategy_options.device_memory_budget */
+    int host_threads;                     /* castor_strategy_options.host_threads */
+    int tf32;
+    int quick;
+    const char *out_dir;
+    int replicas;                         /* what the device list gives */
+    /* CPU time other processes used, as a fraction of all cores: in a short
+     * look before the bench, and during it (NaN: unknown). */
+    double others_before, others_during;
+} bench_config;
+
+/* One GEMM as the replica loop (src/replica.c) issues it: C (m x n) = op(A) op(B)
+ * with op(A) m x k. */
+typedef struct bench_gemm {
+    int ta, tb, m, n, k;
+    double seconds;  /* per call, every replica running it at once (median) */
+    double gflops;   /* 2mnk x replicas / seconds */
+} bench_gemm;
+
+/* The limits, measured in the same run. Rates in bytes or FLOP per second;
+ * NaN where a limit could not be measured (note says why). */
+typedef struct bench_limits {
+    char backend[8];          /* "cpu", "cuda" or "mixed" */
+    int replicas;             /* devices opened for the measurements: one per replica */
+    int cpu_devices;          /* how many of them are emulated CPU devices */
+    int gpus;                 /* distinct physical GPUs among them */
+    size_t copy_bytes;        /* size of each timed copy */
+    int copy_pinned;          /* the host buffers were page-locked */
+    double h2d_one, d2h_one;  /* one replica alone (replica 0's device) */
+    double h2d_all, d2h_all;  /* all replicas copying at once, summed over them */
+    double both_all;          /* all replicas, h2d and d2h at once, both directions summed */
+    int host_threads;         /* threads of the triad (as the strategy's host pool) */
+    size_t triad_elems;       /* floats per array */
+    double triad_bw;          /* a[i] = b[i] + s*c[i]: 12 bytes per element / seconds */
+    double host_opt_rate;     /* the host optimizer kernel alone, parameters per second */
+    bench_gemm *gemms;
+    int n_gemms, cap_gemms;
+    double seconds;           /* spent measuring all of the above */
+    char note[512];
+} bench_limits;
+
+typedef struct bench_result {
+    castor_strategy_kind strategy;
+    int width, depth, batch, replicas;
+    size_t params;
+    int ok;
+    char error[512];
+
+    int steps;                          /* timed step intervals */
+    double step_median, step_min, step_max;   /* seconds */
+    double samples_per_s;
+    double h2d_per_step, d2h_per_step;  /* bytes, all replicas */
+    double copy_seconds;                /* per step: phases in which those bytes move */
+    double bus_bw;                      /* (h2d + d2h) / copy_seconds */
+    double sec_replicas, sec_reduce, sec_update, sec_total;  /* per step (run stats) */
+    double host_update_rate;            /* params / (sec_reduce + sec_update) */
+    size_t device_peak;                 /* bytes, one replica */
+    size_t host_pinned;                 /* bytes, run_stats.host_bytes */
+    double rss_run;                     /* bytes, peak RSS during this run (VmHWM after a reset) */
+    int rss_run_scoped;                 /* 0: the reset failed, rss_run is the process's peak */
+    double rss_process;                 /* bytes, getrusage ru_maxrss: process peak so far */
+    double loss;                        /* running loss of the last step (a sanity check) */
+
+    /* Lower bound from the limits. */
+    double flops;                       /* per step, all replicas (GEMMs only) */
+    double host_bytes;                  /* per step, through host memory (reduction, optimizer) */
+    double t_transfer, t_compute, t_host, lower_bound, ratio;
+    const char *bound_by;               /* "transfer", "compute" or "host" */
+} bench_result;
+
+/* ---- bench.c ---- */
+/* Progress on stderr: redrawn on a terminal, plain lines otherwise. */
+void bench_progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void bench_progress_done(void);
+
+/* ---- limits.c ---- */
+/* The GEMMs of one training step on one replica holding `rows` rows of the
+ * model input -> width x depth -> classes, appended to out (capacity cap);
+ * returns how many there are (which may exceed cap). */
+int bench_step_gemms(int input, int width, int depth, int classes, int rows, bench_gemm *out,
+                     int cap);
+/* Measure every limit for the configuration (all GEMM shapes of its grid).
+ * Returns 0, or -1 when the devices could not even be opened (message in
+ * L->note); a single limit that fails is NaN and noted. */
+int bench_limits_measure(const bench_config *c, bench_limits *L);
+void bench_limits_free(bench_limits *L);
+/* Fill r's lower-bound fields from the limits. */
+void bench_lower_bound(const bench_config *c, const bench_limits *L, bench_result *r);
+/* The bytes the replica loop should move per step for r's configuration,
+ * from the code (src/central.c, src/mirrored.c, src/replica.c), to check
+ * the run statistics against. */
+void bench_expected_bytes(const bench_config *c, const bench_limits *L, const bench_result *r,
+                          double *h2d, double *d2h);
+/* Whether mirrored all-reduces through host memory here: several replicas,
+ * not all of them GPUs (src/mirrored.c REDUCE_HOST; GPUs alone reduce with
+ * NCCL or on the shared GPU, and one replica needs no reduction, so their
+ * update runs inside the replicas' phase). */
+int bench_mirrored_reduces_on_host(const bench_limits *L, int replicas);
+/* Whether mirrored has a reduce-and-update phase after the replicas' phase
+ * (not with one replica, nor with NCCL across distinct GPUs, where the
+ * update runs inside the replicas' phase). */
+int bench_mirrored_has_update_phase(const bench_limits *L, int replicas);
+/* Bytes one optimizer step moves through memory per parameter (reads and
+ * writes of the variables, gradients and optimizer slots). */
+int bench_optimizer_bytes(castor_optimizer_kind kind);
+
+/* ---- report.c ---- */
+void bench_print_limits(FILE *out, const bench_config *c, const bench_limits *L);
+void bench_print_table(FILE *out, const bench_config *c, const bench_result *r, int n);
+int bench_write_csv(const char *path, const bench_config *c, const bench_result *r, int n);
+int bench_write_json(const char *path, const bench_config *c, const bench_limits *L,
+                     const bench_result *r, int n, double wall_seconds);
+/* Returns 0 on success, 1 when gnuplot is missing or failed (warned on
+ * stderr; not fatal). */
+int bench_plot(const char *dir, const bench_config *c, const bench_result *r, int n);
+
+#endif

@@ -1,0 +1,676 @@
+/*
+ * The limits a run is judged by, measured in the same process as the runs:
+ *
+ *   copy bandwidth   host->device and device->host through the device
+ *                    interface, between page-locked host buffers and device
+ *                    memory: one replica alone, every replica at once, and
+ *                    every replica copying both ways at once;
+ *   host memory      a triad a[i] = b[i] + s*c[i] over arrays far larger than
+ *                    the caches, split over a pool as large as the
+ *                    strategy's host pool; counted as 12 bytes per element
+ *                    (read b and c, write a), as STREAM counts it, without the
+ *                    write-allocate read of a that most CPUs also do;
+ *   GEMM rate        every GEMM shape a training step issues, run on every
+ *                    replica's device at once, as the step runs them.
+ *
+ * From them, a run's lower-bound step time is the largest of
+ *   transfer  max(h2d bytes / h2d rate, d2h bytes / d2h rate,
+ *                 (h2d + d2h) bytes / both-ways rate), all replicas at once
+ *             (the two directions have their own streams, so they may overlap);
+ *   compute   the sum of the step's GEMM times (each measured with every
+ *             replica running it at once, the busiest replica's rows);
+ *   host      bytes through host memory / triad rate: the reduction (reads R
+ *             gradients, writes one) where it runs on the host (central;
+ *             mirrored with several replicas not all on GPUs), and the
+ *             optimizer where it runs in host memory (central's; mirrored's
+ *             on each emulated CPU device, whose memory is host memory):
+ *             Adam reads p, g, m, v and writes p, m, v, 28 bytes a parameter.
+ * Elementwise kernels (bias, activations, the loss) are left out of compute:
+ * the bound only gets looser, never wrong.
+ */
+#include "bench/bench.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/device.h"
+#include "host/optim.h"
+#include "host/pinned.h"
+#include "host/pool.h"
+#include "src/cli/args.h"
+
+#define MAX_DEVS 64
+/* Emulated CPU devices opened for the measurements: the budget is only
+ * bookkeeping there, so give them room for the largest GEMM. */
+#define CPU_LIMIT_BUDGET ((size_t)16 << 30)
+
+static void note(bench_limits *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note(bench_limits *L, const char *fmt, ...)
+{
+    size_t len = strlen(L->note);
+    if (len + 2 >= sizeof L->note)
+        return;
+    if (len) {
+        L->note[len++] = ';';
+        L->note[len++] = ' ';
+        L->note[len] = '\0';
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(L->note + len, sizeof L->note - len, fmt, ap);
+    va_end(ap);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    if (n <= 0)
+        return NAN;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* ---- the GEMMs of a step ------------------------------------------------- */
+
+int bench_step_gemms(int input, int width, int depth, int classes, int rows, bench_gemm *out,
+                     int cap)
+{
+    int count = 0;
+    for (int l = 0; l <= depth; l++) {
+        int in = l == 0 ? input : width;
+        int o = l == depth ? classes : width;
+        /* As src/replica.c issues them: forward y = x W; backward dW = x^T dy
+         * and, for every layer but the first, dx = dy W^T. */
+        bench_gemm g[3] = {{0, 0, rows, o, in, NAN, NAN},
+                           {1, 0, in, o, rows, NAN, NAN},
+                           {0, 1, rows, in, o, NAN, NAN}};
+        int k = l > 0 ? 3 : 2;
+        for (int j = 0; j < k; j++) {
+            if (count < cap)
+                out[count] = g[j];
+            count++;
+        }
+    }
+    return count;
+}
+
+static int same_shape(const bench_gemm *a, const bench_gemm *b)
+{
+    return a->ta == b->ta && a->tb == b->tb && a->m == b->m && a->n == b->n && a->k == b->k;
+}
+
+static const bench_gemm *find_gemm(const bench_limits *L, const bench_gemm *g)
+{
+    for (int i = 0; i < L->n_gemms; i++)
+        if (same_shape(&L->gemms[i], g))
+            return &L->gemms[i];
+    return NULL;
+}
+
+static int add_gemm(bench_limits *L, const bench_gemm *g)
+{
+    if (find_gemm(L, g))
+        return 0;
+    if (L->n_gemms == L->cap_gemms) {
+        int cap = L->cap_gemms ? 2 * L->cap_gemms : 32;
+        bench_gemm *p = realloc(L->gemms, (size_t)cap * sizeof *p);
+        if (!p)
+            return -1;
+        L->gemms = p;
+        L->cap_gemms = cap;
+    }
+    L->gemms[L->n_gemms++] = *g;
+    return 0;
+}
+
+static int rows_per_replica(int batch, int replicas)
+{
+    return (batch + replicas - 1) / replicas; /* the busiest replica's */
+}
+
+/* ---- devices ------------------------------------------------------------- */
+
+typedef struct devset {
+    cdev *dev[MAX_DEVS];
+    int n;
+    int cuda;  /* how many of them are GPUs */
+} devset;
+
+static void devset_close(devset *ds)
+{
+    for (int i = 0; i < ds->n; i++)
+        cdev_destroy(ds->dev[i]);
+    ds->n = 0;
+}
+
+static int devset_add(devset *ds, cdev *dev)
+{
+    if (ds->n >= MAX_DEVS) {
+        cdev_destroy(dev);
+        return -1;
+    }
+    ds->dev[ds->n++] = dev;
+    return 0;
+}
+
+/* The same devices castor_strategy_create opens for the list: cpu, cpu:N,
+ * cuda, cuda:I, cuda:IxK. */
+static int devset_open(devset *ds, const bench_config *c, char *err, size_t errlen)
+{
+    memset(ds, 0, sizeof *ds);
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", c->devices);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        cdev *dev = NULL;
+        if (strcmp(tok, "cpu") == 0 || strncmp(tok, "cpu:", 4) == 0) {
+            int n = tok[3] == ':' ? atoi(tok + 4) : 1;
+            size_t budget = c->device_memory > CPU_LIMIT_BUDGET ? c->device_memory
+                                                                 : CPU_LIMIT_BUDGET;
+            for (int i = 0; i < n; i++) {
+                if (cdev_cpu_create(ds->n, budget, &dev, err, errlen))
+                    return -1;
+                if (devset_add(ds, dev))
+                    goto too_many;
+            }
+            continue;
+        }
+        if (strncmp(tok, "cuda", 4) != 0) {
+            snprintf(err, errlen, "unknown device '%s'", tok);
+            return -1;
+        }
+        const char *why = NULL;
+        int count = cdev_cuda_count(&why);
+        if (count <= 0) {
+            snprintf(err, errlen, "no CUDA GPU can be used: %s", why ? why : "none found");
+            return -1;
+        }
+        int first = 0, last = count - 1, k = 1;
+        if (tok[4] == ':') {
+            first = last = atoi(tok + 5);
+            const char *x = strchr(tok + 5, 'x');
+            if (x)
+                k = atoi(x + 1);
+        }
+        for (int g = first; g <= last; g++)
+            for (int j = 0; j < k; j++) {
+                if (cdev_cuda_create(g, j, c->device_memory, c->tf32, &dev, err, errlen))
+                    return -1;
+                if (devset_add(ds, dev))
+                    goto too_many;
+                ds->cuda++;
+            }
+    }
+    if (ds->n == 0) {
+        snprintf(err, errlen, "no devices in '%s'", c->devices);
+        return -1;
+    }
+    return 0;
+too_many:
+    snprintf(err, errlen, "more than %d devices", MAX_DEVS);
+    return -1;
+}
+
+/* ---- work on every device at once ---------------------------------------- */
+
+enum { JOB_H2D, JOB_D2H, JOB_BOTH, JOB_GEMM };
+
+typedef struct dev_bufs {
+    castor__host_buf h_src, h_dst;  /* pinned */
+    void *d_a, *d_b, *d_c;
+    size_t a_bytes, b_bytes, c_bytes;
+} dev_bufs;
+
+typedef struct job {
+    devset *ds;
+    dev_bufs *bufs;
+    int kind;
+    int ndev;      /* devices taking part: 0..ndev-1 */
+    int reps;
+    size_t bytes;  /* per copy */
+    const bench_gemm *g;
+    int status[MAX_DEVS];
+} job;
+
+static int job_one(job *j, int i)
+{
+    cdev *dev = j->ds->dev[i];
+    const cdev_iface *f = dev->iface;
+    dev_bufs *b = &j->bufs[i];
+    int rc = 0;
+    for (int r = 0; r < j->reps && !rc; r++) {
+        switch (j->kind) {
+        case JOB_H2D:
+            rc = f->copy_h2d(dev, CDEV_STREAM_H2D, b->d_a, b->h_src.ptr, j->bytes);
+            break;
+        case JOB_D2H:
+            rc = f->copy_d2h(dev, CDEV_STREAM_D2H, b->h_dst.ptr, b->d_b, j->bytes);
+            break;
+        case JOB_BOTH:
+            rc = f->copy_h2d(dev, CDEV_STREAM_H2D, b->d_a, b->h_src.ptr, j->bytes);
+            if (!rc)
+                rc = f->copy_d2h(dev, CDEV_STREAM_D2H, b->h_dst.ptr, b->d_b, j->bytes);
+            break;
+        default: {
+            const bench_gemm *g = j->g;
+            int lda = g->ta ? g->m : g->k, ldb = g->tb ? g->k : g->n;
+            rc = f->gemm(dev, g->ta, g->tb, g->m, g->n, g->k, 1.0f, b->d_a, lda, b->d_b, ldb,
+                         0.0f, b->d_c, g->n);
+            break;
+        }
+        }
+    }
+    if (!rc)
+        rc = f->synchronize(dev);
+    return rc;
+}
+
+static void job_task(void *ctx, int index, int count)
+{
+    (void)count;
+    job *j = ctx;
+    if (index < j->ndev)
+        j->status[index] = job_one(j, index);
+}
+
+/* Seconds for one run of the job on ndev devices at once (1: on this thread);
+ * NaN on failure, with the device's message noted. */
+static double run_job(bench_limits *L, castor__pool *pool, job *j)
+{
+    for (int i = 0; i < MAX_DEVS; i++)
+        j->status[i] = 0;
+    double t0 = cli_now();
+    if (j->ndev == 1)
+        j->status[0] = job_one(j, 0);
+    else
+        castor__pool_run(pool, job_task, j);
+    double t = cli_now() - t0;
+    for (int i = 0; i < j->ndev; i++) {
+        if (j->status[i]) {
+            note(L, "%s: %s", j->ds->dev[i]->name, j->ds->dev[i]->errmsg);
+            return NAN;
+        }
+    }
+    return t;
+}
+
+/* Median over `trials` runs, after one untimed run. */
+static double time_job(bench_limits *L, castor__pool *pool, job *j, int trials)
+{
+    double t[16];
+    if (trials > 16)
+        trials = 16;
+    if (isnan(run_job(L, pool, j)))
+        return NAN;
+    for (int i = 0; i < trials; i++)
+        if (isnan(t[i] = run_job(L, pool, j)))
+            return NAN;
+    return median(t, trials);
+}
+
+static void free_bufs(devset *ds, dev_bufs *bufs)
+{
+    for (int i = 0; i < ds->n; i++) {
+        dev_bufs *b = &bufs[i];
+        castor__host_free(&b->h_src);
+        castor__host_free(&b->h_dst);
+        if (b->d_a)
+            cdev_free(ds->dev[i], b->d_a, b->a_bytes);
+        if (b->d_b)
+            cdev_free(ds->dev[i], b->d_b, b->b_bytes);
+        if (b->d_c)
+            cdev_free(ds->dev[i], b->d_c, b->c_bytes);
+        memset(b, 0, sizeof *b);
+    }
+}
+
+static int alloc_dev(cdev *dev, size_t bytes, void **p, size_t *held)
+{
+    if (cdev_alloc(dev, bytes, p))
+        return -1;
+    *held = bytes;
+    return dev->iface->memset0(dev, CDEV_STREAM_COMPUTE, *p, bytes) ? -1 : 0;
+}
+
+static void measure_copies(const bench_config *c, bench_limits *L, devset *ds,
+                           castor__pool *pool)
+{
+    dev_bufs bufs[MAX_DEVS];
+    memset(bufs, 0, sizeof bufs);
+    size_t bytes = L->copy_bytes;
+    int trials = c->quick ? 3 : 7;
+    L->copy_pinned = 1;
+    for (int i = 0; i < ds->n; i++) {
+        dev_bufs *b = &bufs[i];
+        if (castor__host_alloc(&b->h_src, bytes, ds->cuda) ||
+            castor__host_alloc(&b->h_dst, bytes, ds->cuda)) {
+            note(L, "copies: out of host memory for %zu-byte buffers", bytes);
+            goto out;
+        }
+        L->copy_pinned &= b->h_src.locked & b->h_dst.locked;
+        memset(b->h_src.ptr, 1, bytes);
+        if (alloc_dev(ds->dev[i], bytes, &b->d_a, &b->a_bytes) ||
+            alloc_dev(ds->dev[i], bytes, &b->d_b, &b->b_bytes) ||
+            ds->dev[i]->iface->synchronize(ds->dev[i])) {
+            note(L, "copies: %s: %s", ds->dev[i]->name, ds->dev[i]->errmsg);
+            goto out;
+        }
+    }
+    if (!L->copy_pinned)
+        note(L, "the copy buffers could not be page-locked (ulimit -l?): copies from "
+                "pageable memory");
+    job j = {.ds = ds, .bufs = bufs, .reps = 1, .bytes = bytes};
+    double t;
+    j.ndev = 1;
+    j.kind = JOB_H2D;
+    t = time_job(L, pool, &j, trials);
+    L->h2d_one = (double)bytes / t;
+    j.kind = JOB_D2H;
+    t = time_job(L, pool, &j, trials);
+    L->d2h_one = (double)bytes / t;
+    j.ndev = ds->n;
+    j.kind = JOB_H2D;
+    t = time_job(L, pool, &j, trials);
+    L->h2d_all = (double)bytes * ds->n / t;
+    j.kind = JOB_D2H;
+    t = time_job(L, pool, &j, trials);
+    L->d2h_all = (double)bytes * ds->n / t;
+    j.kind = JOB_BOTH;
+    t = time_job(L, pool, &j, trials);
+    L->both_all = 2.0 * (double)bytes * ds->n / t;
+out:
+    free_bufs(ds, bufs);
+}
+
+static void measure_gemm(const bench_config *c, bench_limits *L, devset *ds, castor__pool *pool,
+                         bench_gemm *g)
+{
+    dev_bufs bufs[MAX_DEVS];
+    memset(bufs, 0, sizeof bufs);
+    size_t f = sizeof(float);
+    size_t a = (size_t)g->m * (size_t)g->k * f, b = (size_t)g->k * (size_t)g->n * f,
+           cc = (size_t)g->m * (size_t)g->n * f;
+    for (int i = 0; i < ds->n; i++) {
+        cdev *dev = ds->dev[i];
+        if (alloc_dev(dev, a, &bufs[i].d_a, &bufs[i].a_bytes) ||
+            alloc_dev(dev, b, &bufs[i].d_b, &bufs[i].b_bytes) ||
+            alloc_dev(dev, cc, &bufs[i].d_c, &bufs[i].c_bytes) || dev->iface->synchronize(dev)) {
+            note(L, "gemm %dx%dx%d: %s: %s", g->m, g->n, g->k, dev->name, dev->errmsg);
+            goto out;
+        }
+    }
+    job j = {.ds = ds, .bufs = bufs, .kind = JOB_GEMM, .ndev = ds->n, .reps = 1, .g = g};
+    /* Untimed, then enough calls per trial to outlast the clock's and the
+     * threads' wake-up noise. */
+    double t1 = run_job(L, pool, &j);
+    if (isnan(t1))
+        goto out;
+    t1 = run_job(L, pool, &j);
+    if (isnan(t1))
+        goto out;
+    double target = c->quick ? 0.01 : 0.04;
+    double reps = t1 > 0 ? target / t1 : 1000;
+    j.reps = reps < 2 ? 2 : reps > 2000 ? 2000 : (int)reps;
+    int trials = c->quick ? 2 : 3;
+    double t[3];
+    for (int i = 0; i < trials; i++)
+        if (isnan(t[i] = run_job(L, pool, &j)))
+            goto out;
+    g->seconds = median(t, trials) / j.reps;
+    g->gflops = 2.0 * g->m * g->n * (double)g->k * ds->n / g->seconds / 1e9;
+out:
+    free_bufs(ds, bufs);
+}
+
+/* ---- host memory ---------------------------------------------------------- */
+
+typedef struct host_job {
+    float *a, *b, *c;
+    float s;
+} host_job;
+
+#define TRIAD_BLOCK 1024
+
+static void triad_range(void *ctx, size_t begin, size_t end)
+{
+    const host_job *h = ctx;
+    float *restrict a = h->a;
+    const float *restrict b = h->b, *restrict c = h->c;
+    float s = h->s;
+    size_t i = begin;
+    /* Full blocks have a constant trip count, which gcc -O2 vectorises. */
+    for (; end - i >= TRIAD_BLOCK; i += TRIAD_BLOCK)
+        for (size_t k = 0; k < TRIAD_BLOCK; k++)
+            a[i + k] = b[i + k] + s * c[i + k];
+    for (; i < end; i++)
+        a[i] = b[i] + s * c[i];
+}
+
+static void fill_range(void *ctx, size_t begin, size_t end)
+{
+    float *p = ctx;
+    /* Written by the thread that will use it (first touch). */
+    for (size_t i = begin; i < end; i++)
+        p[i] = 1e-3f * (float)(i & 1023);
+}
+
+static void measure_host(const bench_config *c, bench_limits *L, castor__pool *hpool)
+{
+    size_t n = L->triad_elems;
+    /* Four arrays: the triad uses three; the optimizer p, g and two slots. */
+    float *mem = aligned_alloc(64, 4 * n * sizeof(float));
+    if (!mem) {
+        note(L, "triad: out of host memory for 4 x %zu floats", n);
+        return;
+    }
+    castor__pool_for(hpool, 4 * n, 0, fill_range, mem);
+    host_job h = {mem, mem + n, mem + 2 * n, 3.0f};
+    int trials = c->quick ? 3 : 7;
+    double t[16];
+    castor__pool_for(hpool, n, 0, triad_range, &h);  /* untimed */
+    for (int i = 0; i < trials; i++) {
+        double t0 = cli_now();
+        castor__pool_for(hpool, n, 0, triad_range, &h);
+        t[i] = cli_now() - t0;
+    }
+    L->triad_bw = 3.0 * sizeof(float) * (double)n / median(t, trials);
+
+    /* The optimizer kernel the central strategy runs, alone (a reference
+     * for the runs' host update rate). */
+    castor_optimizer opt = castor_optimizer_defaults(c->optimizer);
+    float *p = mem, *g = mem + n, *state = mem + 2 * n;
+    castor__optim_apply(hpool, &opt, p, g, state, n, 1);  /* untimed */
+    for (int i = 0; i < trials; i++) {
+        double t0 = cli_now();
+        castor__optim_apply(hpool, &opt, p, g, state, n, 2 + i);
+        t[i] = cli_now() - t0;
+    }
+    L->host_opt_rate = (double)n / median(t, trials);
+    free(mem);
+}
+
+/* ---- all of it ------------------------------------------------------------ */
+
+int bench_limits_measure(const bench_config *c, bench_limits *L)
+{
+    memset(L, 0, sizeof *L);
+    L->h2d_one = L->d2h_one = L->h2d_all = L->d2h_all = L->both_all = NAN;
+    L->triad_bw = L->host_opt_rate = NAN;
+    double t0 = cli_now();
+
+    /* Every GEMM shape of the grid, at the busiest replica's rows. */
+    for (int w = 0; w < c->n_widths; w++)
+        for (int d = 0; d < c->n_depths; d++)
+            for (int b = 0; b < c->n_batches; b++) {
+                bench_gemm g[3 * 64 + 3];
+                int rows = rows_per_replica(c->batches[b], c->replicas);
+                int k = bench_step_gemms(c->input, c->widths[w], c->depths[d], c->classes, rows,
+                                         g, (int)(sizeof g / sizeof g[0]));
+                for (int i = 0; i < k && i < (int)(sizeof g / sizeof g[0]); i++)
+                    if (add_gemm(L, &g[i])) {
+                        snprintf(L->note, sizeof L->note, "out of memory");
+                        return -1;
+                    }
+            }
+
+    L->host_threads = c->host_threads ? c->host_threads : castor__cpu_count();
+    L->triad_elems = (size_t)16 << 20; /* 3 x 64 MiB: beyond the L3 of the machines here */
+    L->copy_bytes = c->quick ? (size_t)16 << 20 : (size_t)64 << 20;
+
+    char err[384] = "";
+    devset ds;
+    if (devset_open(&ds, c, err, sizeof err)) {
+        devset_close(&ds);
+        snprintf(L->note, sizeof L->note, "%s", err);
+        return -1;
+    }
+    snprintf(L->backend, sizeof L->backend, "%s",
+             ds.cuda == 0 ? "cpu" : ds.cuda == ds.n ? "cuda" : "mixed");
+    L->replicas = ds.n;
+    L->cpu_devices = ds.n - ds.cuda;
+    for (int i = 0; i < ds.n; i++) {
+        int first = strcmp(ds.dev[i]->iface->backend, "cuda") == 0;
+        for (int j = 0; j < i && first; j++)
+            first = !(strcmp(ds.dev[j]->iface->backend, "cuda") == 0 &&
+                      ds.dev[j]->ordinal == ds.dev[i]->ordinal);
+        L->gpus += first;
+    }
+    castor__pool *pool = NULL, *hpool = NULL;
+    if (castor__pool_create(ds.n, &pool) || castor__pool_create(L->host_threads, &hpool)) {
+        castor__pool_free(pool);
+        devset_close(&ds);
+        snprintf(L->note, sizeof L->note, "cannot start threads");
+        return -1;
+    }
+
+    bench_progress("limits: host memory (triad, %d threads, 3 x %zu MiB)", L->host_threads,
+                   L->triad_elems * sizeof(float) >> 20);
+    measure_host(c, L, hpool);
+    bench_progress("limits: copies host<->device (%zu MiB, %d device%s)", L->copy_bytes >> 20,
+                   ds.n, ds.n > 1 ? "s" : "");
+    measure_copies(c, L, &ds, pool);
+    for (int i = 0; i < L->n_gemms; i++) {
+        bench_gemm *g = &L->gemms[i];
+        bench_progress("limits: GEMM %d/%d  %s%s m=%d n=%d k=%d", i + 1, L->n_gemms,
+                       g->ta ? "T" : "N", g->tb ? "T" : "N", g->m, g->n, g->k);
+        measure_gemm(c, L, &ds, pool, g);
+    }
+    castor__pool_free(hpool);
+    castor__pool_free(pool);
+    devset_close(&ds);
+    L->seconds = cli_now() - t0;
+    return 0;
+}
+
+void bench_limits_free(bench_limits *L)
+{
+    free(L->gemms);
+    L->gemms = NULL;
+    L->n_gemms = L->cap_gemms = 0;
+}
+
+/* ---- the lower bound of a run --------------------------------------------- */
+
+int bench_optimizer_bytes(castor_optimizer_kind kind)
+{
+    switch (kind) {
+    case CASTOR_OPT_ADAM:
+    case CASTOR_OPT_ADAMW:
+        return 7 * (int)sizeof(float); /* read p, g, m, v; write p, m, v */
+    case CASTOR_OPT_SGD:
+    default:
+        return 3 * (int)sizeof(float); /* read p, g; write p (no momentum in the bench) */
+    }
+}
+
+int bench_mirrored_reduces_on_host(const bench_limits *L, int replicas)
+{
+    return replicas > 1 && L->cpu_devices > 0;
+}
+
+int bench_mirrored_has_update_phase(const bench_limits *L, int replicas)
+{
+    return replicas > 1 && !(L->cpu_devices == 0 && L->gpus == replicas);
+}
+
+void bench_expected_bytes(const bench_config *c, const bench_limits *L, const bench_result *r,
+                          double *h2d, double *d2h)
+{
+    double n4 = 4.0 * (double)r->params;
+    double R = r->replicas;
+    /* The batch (x and int32 labels) up, 2 floats of row statistics per row down. */
+    *h2d = (double)r->batch * (c->input + 1) * 4.0;
+    *d2h = (double)r->batch * 8.0;
+    if (r->strategy == CASTOR_STRATEGY_CENTRAL || bench_mirrored_reduces_on_host(L, r->replicas)) {
+        /* central: the variables up, the gradient down, every replica;
+         * mirrored through the host: the gradient down, the sum up. */
+        *h2d += R * n4;
+        *d2h += R * n4;
+    }
+}
+
+static double safe_div(double a, double b)
+{
+    return b > 0 && isfinite(b) ? a / b : NAN;
+}
+
+void bench_lower_bound(const bench_config *c, const bench_limits *L, bench_result *r)
+{
+    int R = r->replicas;
+    double n = (double)r->params;
+
+    /* FLOPs: linear in rows, so the whole batch's. */
+    double flops = 0;
+    for (int l = 0; l <= r->depth; l++) {
+        double in = l == 0 ? c->input : r->width;
+        double out = l == r->depth ? c->classes : r->width;
+        flops += 2.0 * r->batch * in * out * (l > 0 ? 3 : 2);
+    }
+    r->flops = flops;
+
+    /* Compute: the busiest replica's GEMMs, each timed with all replicas at once. */
+    bench_gemm g[3 * 64 + 3];
+    int k = bench_step_gemms(c->input, r->width, r->depth, c->classes,
+                             rows_per_replica(r->batch, R), g, (int)(sizeof g / sizeof g[0]));
+    double tc = 0;
+    for (int i = 0; i < k && i < (int)(sizeof g / sizeof g[0]); i++) {
+        const bench_gemm *m = find_gemm(L, &g[i]);
+        tc += m ? m->seconds : NAN;
+    }
+    r->t_compute = tc;
+
+    /* Transfer: the bytes this run moved, at the rates of all replicas at once. */
+    double th = safe_div(r->h2d_per_step, L->h2d_all);
+    double td = safe_div(r->d2h_per_step, L->d2h_all);
+    double tb = safe_div(r->h2d_per_step + r->d2h_per_step, L->both_all);
+    r->t_transfer = fmax(fmax(th, td), tb);
+
+    /* Host memory: the reduction (reads R gradients, writes one), then the
+     * optimizer wherever it runs in host memory: central's on the host;
+     * mirrored's on each emulated CPU device, whose memory is host memory. */
+    double opt = (double)bench_optimizer_bytes(c->optimizer) * n;
+    double reduce = (double)(R + 1) * sizeof(float) * n;
+    double bytes;
+    if (r->strategy == CASTOR_STRATEGY_CENTRAL)
+        bytes = reduce + opt;
+    else
+        bytes = (bench_mirrored_reduces_on_host(L, R) ? reduce : 0.0) +
+                (L->cpu_devices < R ? L->cpu_devices : R) * opt;
+    r->host_bytes = bytes;
+    r->t_host = safe_div(bytes, L->triad_bw);
+
+    double lb = fmax(fmax(r->t_transfer, r->t_compute), r->t_host);
+    r->lower_bound = lb;
+    r->bound_by = !(lb > 0)                ? "-"
+                  : lb == r->t_transfer    ? "transfer"
+                  : lb == r->t_compute     ? "compute"
+                                           : "host";
+    r->ratio = safe_div(r->step_median, lb);
+}

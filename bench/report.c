@@ -1,0 +1,624 @@
+/*
+ * The bench's output: the limits and two tables on stdout (what each run
+ * did; how it compares with its lower bound), bench.csv (a row per run),
+ * bench.json (the configuration, the limits with every GEMM shape, every
+ * run) and bench.png (gnuplot: step time and peak device memory against
+ * parameters, one line per strategy, lower bounds dashed).
+ */
+#include "bench/bench.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cJSON.h>
+
+#include "host/pool.h"
+#include "src/cli/json.h"
+
+#define MIB (1024.0 * 1024.0)
+
+static const char *kind_name(castor_strategy_kind k)
+{
+    return castor_strategy_kind_name(k);
+}
+
+/* v with fmt, or "-" when it is not a finite number. */
+static void fmt_num(char *buf, size_t size, const char *fmt, double v)
+{
+    if (isfinite(v))
+        snprintf(buf, size, fmt, v);
+    else
+        snprintf(buf, size, "-");
+}
+
+/* ---- stdout ------------------------------------------------------------- */
+
+void bench_print_limits(FILE *out, const bench_config *c, const bench_limits *L)
+{
+    char a[32], b[32];
+    fprintf(out, "castor bench %s: %s on %s (%d replica%s, %s backend), %s, input %d, %d classes, "
+                 "%d timed steps after %d warm-up\n\n",
+            castor_version(), c->n_strategies == 2 ? "central vs mirrored"
+                                                   : kind_name(c->strategies[0]),
+            c->devices, c->replicas, c->replicas == 1 ? "" : "s", L->backend,
+            castor_optimizer_kind_name(c->optimizer), c->input, c->classes, c->steps, c->warmup);
+    fmt_num(a, sizeof a, "%.0f%%", 100.0 * c->others_before);
+    fmt_num(b, sizeof b, "%.0f%%", 100.0 * c->others_during);
+    fprintf(out, "%d cores; other processes used %s of them just before the bench, %s while "
+                 "it ran%s\n\n",
+            castor__cpu_count(), a, b,
+            c->others_during > 0.1 || c->others_before > 0.1 ? " (noisy numbers)" : "");
+    fprintf(out, "limits, measured in this run (%.1f s):\n", L->seconds);
+    fmt_num(a, sizeof a, "%.2f", L->h2d_one / 1e9);
+    fmt_num(b, sizeof b, "%.2f", L->h2d_all / 1e9);
+    fprintf(out, "  host->device     %8s GB/s one replica, %8s GB/s all %d at once  (%zu MiB copies%s)\n",
+            a, b, L->replicas, L->copy_bytes >> 20, L->copy_pinned ? ", pinned" : ", NOT pinned");
+    fmt_num(a, sizeof a, "%.2f", L->d2h_one / 1e9);
+    fmt_num(b, sizeof b, "%.2f", L->d2h_all / 1e9);
+    fprintf(out, "  device->host     %8s GB/s one replica, %8s GB/s all %d at once\n", a, b,
+            L->replicas);
+    fmt_num(a, sizeof a, "%.2f", L->both_all / 1e9);
+    fprintf(out, "  both directions  %8s GB/s all replicas at once, directions summed\n", a);
+    fmt_num(a, sizeof a, "%.2f", L->triad_bw / 1e9);
+    fprintf(out,
+            "  host memory      %8s GB/s triad a=b+s*c on %d threads, 3 x %zu MiB, counted as\n"
+            "                                12 bytes/element (2 reads + 1 write, no write-allocate)\n",
+            a, L->host_threads, (L->triad_elems * sizeof(float)) >> 20);
+    fmt_num(a, sizeof a, "%.3f", L->host_opt_rate / 1e9);
+    fprintf(out, "  host optimizer   %8s G params/s (%s kernel alone, %d bytes/param)\n", a,
+            castor_optimizer_kind_name(c->optimizer), bench_optimizer_bytes(c->optimizer));
+    double lo = INFINITY, hi = 0;
+    for (int i = 0; i < L->n_gemms; i++)
+        if (isfinite(L->gemms[i].gflops)) {
+            lo = fmin(lo, L->gemms[i].gflops);
+            hi = fmax(hi, L->gemms[i].gflops);
+        }
+    fmt_num(a, sizeof a, "%.1f", lo);
+    fmt_num(b, sizeof b, "%.1f", hi);
+    fprintf(out, "  GEMM             %8s .. %s GFLOP/s over the %d shapes of the grid (every "
+                 "replica at once; each in bench.json)\n",
+            a, b, L->n_gemms);
+    if (L->note[0])
+        fprintf(out, "  note: %s\n", L->note);
+}
+
+void bench_print_table(FILE *out, const bench_config *c, const bench_result *r, int n)
+{
+    (void)c;
+    char s[16][32];
+    fprintf(out, "\nruns (median of the timed steps; bytes and seconds per step; MB = 10^6 bytes):\n");
+    fprintf(out, "%3s %-8s %6s %5s %6s %10s %9s %17s %10s %9s %9s %8s %10s %9s %9s %9s\n", "#",
+            "strategy", "width", "depth", "batch", "params", "step ms", "min..max ms",
+            "samples/s", "h2d MB", "d2h MB", "bus GB/s", "upd Mp/s", "dev MiB", "pin MiB",
+            "RSS MiB");
+    for (int i = 0; i < n; i++) {
+        const bench_result *x = &r[i];
+        if (!x->ok) {
+            fprintf(out, "%3d %-8s %6d %5d %6d  failed: %s\n", i + 1, kind_name(x->strategy),
+                    x->width, x->depth, x->batch, x->error);
+            continue;
+        }
+        char range[48];
+        snprintf(range, sizeof range, "%.2f..%.2f", x->step_min * 1e3, x->step_max * 1e3);
+        fmt_num(s[0], 32, "%.3f", x->step_median * 1e3);
+        fmt_num(s[1], 32, "%.0f", x->samples_per_s);
+        fmt_num(s[2], 32, "%.2f", x->h2d_per_step / 1e6);
+        fmt_num(s[3], 32, "%.2f", x->d2h_per_step / 1e6);
+        fmt_num(s[4], 32, "%.2f", x->bus_bw / 1e9);
+        fmt_num(s[5], 32, "%.1f", x->host_update_rate / 1e6);
+        fmt_num(s[6], 32, "%.1f", (double)x->device_peak / MIB);
+        fmt_num(s[7], 32, "%.1f", (double)x->host_pinned / MIB);
+        fmt_num(s[8], 32, "%.0f", x->rss_run / MIB);
+        fprintf(out, "%3d %-8s %6d %5d %6d %10zu %9s %17s %10s %9s %9s %8s %10s %9s %9s %8s%s\n",
+                i + 1, kind_name(x->strategy), x->width, x->depth, x->batch, x->params, s[0],
+                range, s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8],
+                x->rss_run_scoped ? "" : "*");
+    }
+    fprintf(out,
+            "  bus GB/s: (h2d + d2h) / seconds of the phases that copy (replicas; mirrored: and "
+            "its update).\n"
+            "  upd Mp/s: parameters / seconds of the reduction and update phases (mirrored: the "
+            "update runs on the\n"
+            "           devices; '-' where it runs inside the replicas' phase: one replica, or "
+            "NCCL).\n"
+            "  dev MiB: peak device memory of one replica. pin MiB: pinned host memory the model "
+            "holds (run stats).\n"
+            "  RSS MiB: the process's peak resident memory during the run (VmHWM reset before "
+            "it%s;\n"
+            "           on emulated CPU devices it includes their memory). bench.json also has "
+            "ru_maxrss.\n",
+            n > 0 && !r[0].rss_run_scoped ? "; * : the reset failed, peak of the process so far"
+                                          : "");
+
+    fprintf(out, "\nagainst the limits (ms per step; lower bound = the largest of transfer, "
+                 "compute, host):\n");
+    int below = 0;
+    fprintf(out, "%3s %-8s %6s %5s %6s %9s %9s %9s %10s %9s %9s %-9s %8s\n", "#", "strategy",
+            "width", "depth", "batch", "step", "transfer", "compute", "GEMM GF/s", "host",
+            "bound", "bound by", "ratio");
+    for (int i = 0; i < n; i++) {
+        const bench_result *x = &r[i];
+        if (!x->ok)
+            continue;
+        fmt_num(s[0], 32, "%.3f", x->step_median * 1e3);
+        fmt_num(s[1], 32, "%.3f", x->t_transfer * 1e3);
+        fmt_num(s[2], 32, "%.3f", x->t_compute * 1e3);
+        fmt_num(s[3], 32, "%.1f", x->flops / x->t_compute / 1e9);
+        fmt_num(s[4], 32, "%.3f", x->t_host * 1e3);
+        fmt_num(s[5], 32, "%.3f", x->lower_bound * 1e3);
+        fmt_num(s[6], 32, "%.2f", x->ratio);
+        fprintf(out, "%3d %-8s %6d %5d %6d %9s %9s %9s %10s %9s %9s %-9s %8s%s\n", i + 1,
+                kind_name(x->strategy), x->width, x->depth, x->batch, s[0], s[1], s[2], s[3],
+                s[4], s[5], x->bound_by, s[6], x->ratio < 1.0 ? " !" : "");
+        below += x->ratio < 1.0;
+    }
+    fprintf(out,
+            "  transfer: this run's bytes at the all-replica copy rates (h2d, d2h, both at once: "
+            "the largest).\n"
+            "  compute: the step's GEMMs (forward, dW, dX) at the rates measured at their shapes, "
+            "all replicas at once.\n"
+            "  host: bytes through host memory (reduction: R reads + 1 write; optimizer where it "
+            "runs in host\n"
+            "        memory) / triad rate. ratio: measured step / lower bound (1 = at the "
+            "limit).\n");
+    if (below)
+        fprintf(out, "  !: below 1, the run beat its bound: the limits were measured while the "
+                     "machine was busier than\n"
+                     "     during the run (see the other processes' share above); rerun on a quiet "
+                     "machine.\n");
+}
+
+/* ---- CSV ---------------------------------------------------------------- */
+
+static void csv_num(FILE *f, const char *fmt, double v)
+{
+    fputc(',', f);
+    if (isfinite(v))
+        fprintf(f, fmt, v);
+}
+
+static void csv_str(FILE *f, const char *s)
+{
+    fputs(",\"", f);
+    for (; *s; s++) {
+        if (*s == '"')
+            fputc('"', f);
+        fputc(*s == '\n' ? ' ' : *s, f);
+    }
+    fputc('"', f);
+}
+
+int bench_write_csv(const char *path, const bench_config *c, const bench_result *r, int n)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "strategy,devices,replicas,optimizer,width,depth,batch,params,ok,error,steps,"
+               "step_median_s,step_min_s,step_max_s,samples_per_s,h2d_bytes_per_step,"
+               "d2h_bytes_per_step,bus_bytes_per_s,seconds_replicas,seconds_reduce,"
+               "seconds_update,seconds_total,host_update_params_per_s,device_peak_bytes,"
+               "host_pinned_bytes,host_rss_peak_run_bytes,host_rss_peak_scope,"
+               "host_maxrss_process_bytes,step_flops,gemm_flops_per_s,host_memory_bytes_per_step,"
+               "t_transfer_s,t_compute_s,t_host_s,lower_bound_s,bound_by,ratio,loss\n");
+    for (int i = 0; i < n; i++) {
+        const bench_result *x = &r[i];
+        fprintf(f, "%s", kind_name(x->strategy));
+        csv_str(f, c->devices);
+        fprintf(f, ",%d,%s,%d,%d,%d,%zu,%d", x->replicas,
+                castor_optimizer_kind_name(c->optimizer), x->width, x->depth, x->batch,
+                x->params, x->ok);
+        csv_str(f, x->error);
+        fprintf(f, ",%d", x->steps);
+        if (!x->ok) {
+            fputs(",,,,,,,,,,,,,,,,,,,,,,,,,,,\n", f);
+            continue;
+        }
+        csv_num(f, "%.9g", x->step_median);
+        csv_num(f, "%.9g", x->step_min);
+        csv_num(f, "%.9g", x->step_max);
+        csv_num(f, "%.6g", x->samples_per_s);
+        csv_num(f, "%.0f", x->h2d_per_step);
+        csv_num(f, "%.0f", x->d2h_per_step);
+        csv_num(f, "%.6g", x->bus_bw);
+        csv_num(f, "%.9g", x->sec_replicas);
+        csv_num(f, "%.9g", x->sec_reduce);
+        csv_num(f, "%.9g", x->sec_update);
+        csv_num(f, "%.9g", x->sec_total);
+        csv_num(f, "%.6g", x->host_update_rate);
+        csv_num(f, "%.0f", (double)x->device_peak);
+        csv_num(f, "%.0f", (double)x->host_pinned);
+        csv_num(f, "%.0f", x->rss_run);
+        fprintf(f, ",%s", x->rss_run_scoped ? "run" : "process");
+        csv_num(f, "%.0f", x->rss_process);
+        csv_num(f, "%.6g", x->flops);
+        csv_num(f, "%.6g", x->flops / x->t_compute);
+        csv_num(f, "%.0f", x->host_bytes);
+        csv_num(f, "%.9g", x->t_transfer);
+        csv_num(f, "%.9g", x->t_compute);
+        csv_num(f, "%.9g", x->t_host);
+        csv_num(f, "%.9g", x->lower_bound);
+        fprintf(f, ",%s", x->bound_by);
+        csv_num(f, "%.4g", x->ratio);
+        csv_num(f, "%.6g", x->loss);
+        fputc('\n', f);
+    }
+    int err = ferror(f);
+    if (fclose(f) != 0 || err)
+        return -1;
+    return 0;
+}
+
+/* ---- JSON --------------------------------------------------------------- */
+
+static cJSON *int_array(const int *v, int n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a && i < n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
+    return a;
+}
+
+static cJSON *json_config(const bench_config *c)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    cli_json_str(o, "devices", c->devices);
+    cli_json_int(o, "replicas", c->replicas);
+    cJSON *st = cJSON_AddArrayToObject(o, "strategies");
+    for (int i = 0; st && i < c->n_strategies; i++)
+        cJSON_AddItemToArray(st, cJSON_CreateString(kind_name(c->strategies[i])));
+    cJSON_AddItemToObject(o, "widths", int_array(c->widths, c->n_widths));
+    cJSON_AddItemToObject(o, "depths", int_array(c->depths, c->n_depths));
+    cJSON_AddItemToObject(o, "batches", int_array(c->batches, c->n_batches));
+    cli_json_int(o, "steps", c->steps);
+    cli_json_int(o, "warmup", c->warmup);
+    cli_json_int(o, "input", c->input);
+    cli_json_int(o, "classes", c->classes);
+    cli_json_str(o, "optimizer", castor_optimizer_kind_name(c->optimizer));
+    cli_json_str(o, "loss", "softmax_xent");
+    cli_json_str(o, "hidden_activation", "relu");
+    cli_json_num(o, "seed", (double)c->seed);
+    cli_json_int(o, "device_memory_budget", (int64_t)c->device_memory);
+    cli_json_int(o, "host_threads", c->host_threads);
+    cli_json_bool(o, "tf32", c->tf32);
+    cli_json_bool(o, "quick", c->quick);
+    return o;
+}
+
+static cJSON *json_limits(const bench_limits *L)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    cli_json_str(o, "backend", L->backend);
+    cli_json_int(o, "replicas", L->replicas);
+    cli_json_int(o, "copy_bytes", (int64_t)L->copy_bytes);
+    cli_json_bool(o, "copy_host_pinned", L->copy_pinned);
+    cli_json_num(o, "h2d_bytes_per_s", L->h2d_all);
+    cli_json_num(o, "d2h_bytes_per_s", L->d2h_all);
+    cli_json_num(o, "both_directions_bytes_per_s", L->both_all);
+    cli_json_num(o, "h2d_one_replica_bytes_per_s", L->h2d_one);
+    cli_json_num(o, "d2h_one_replica_bytes_per_s", L->d2h_one);
+    cli_json_str(o, "copy_method",
+                 "median of timed copies through the device interface (copy_h2d / copy_d2h on "
+                 "their own streams, then synchronize) between page-locked host buffers and "
+                 "device memory, after one untimed; h2d/d2h/both_directions: every replica at "
+                 "once, bytes summed over the replicas");
+    cli_json_num(o, "host_memory_bytes_per_s", L->triad_bw);
+    cli_json_int(o, "host_threads", L->host_threads);
+    cli_json_int(o, "triad_elements", (int64_t)L->triad_elems);
+    cli_json_str(o, "host_memory_method",
+                 "triad a[i] = b[i] + s*c[i] on float arrays split over the host pool, median of "
+                 "repeats after one untimed; counted as 12 bytes per element (reads of b and c, "
+                 "write of a; the write-allocate read of a is not counted, as in STREAM)");
+    cli_json_num(o, "host_optimizer_params_per_s", L->host_opt_rate);
+    cJSON *g = cJSON_AddArrayToObject(o, "gemm");
+    for (int i = 0; g && i < L->n_gemms; i++) {
+        const bench_gemm *x = &L->gemms[i];
+        cJSON *e = cJSON_CreateObject();
+        if (!e)
+            break;
+        cli_json_bool(e, "trans_a", x->ta);
+        cli_json_bool(e, "trans_b", x->tb);
+        cli_json_int(e, "m", x->m);
+        cli_json_int(e, "n", x->n);
+        cli_json_int(e, "k", x->k);
+        cli_json_num(e, "seconds", x->seconds);
+        cli_json_num(e, "flops_per_s", x->gflops * 1e9);
+        cJSON_AddItemToArray(g, e);
+    }
+    cli_json_str(o, "gemm_method",
+                 "each shape (C m x n = op(A) m x k . op(B)) run on every replica's device at "
+                 "once, repeated, median per call; flops_per_s = 2mnk x replicas / seconds");
+    cli_json_num(o, "seconds", L->seconds);
+    cli_json_str(o, "note", L->note);
+    return o;
+}
+
+static cJSON *json_run(const bench_config *c, const bench_result *x)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    cli_json_str(o, "strategy", kind_name(x->strategy));
+    cli_json_str(o, "devices", c->devices);
+    cli_json_int(o, "replicas", x->replicas);
+    cli_json_int(o, "width", x->width);
+    cli_json_int(o, "depth", x->depth);
+    cli_json_int(o, "batch", x->batch);
+    cli_json_int(o, "params", (int64_t)x->params);
+    cli_json_bool(o, "ok", x->ok);
+    if (!x->ok) {
+        cli_json_str(o, "error", x->error);
+        return o;
+    }
+    cli_json_int(o, "steps", x->steps);
+    cli_json_num(o, "step_seconds", x->step_median);
+    cli_json_num(o, "step_seconds_min", x->step_min);
+    cli_json_num(o, "step_seconds_max", x->step_max);
+    cli_json_num(o, "samples_per_s", x->samples_per_s);
+    cli_json_num(o, "h2d_bytes_per_step", x->h2d_per_step);
+    cli_json_num(o, "d2h_bytes_per_step", x->d2h_per_step);
+    cli_json_num(o, "bus_bytes_per_s", x->bus_bw);
+    cli_json_num(o, "seconds_replicas", x->sec_replicas);
+    cli_json_num(o, "seconds_reduce", x->sec_reduce);
+    cli_json_num(o, "seconds_update", x->sec_update);
+    cli_json_num(o, "seconds_total", x->sec_total);
+    cli_json_num(o, "host_update_params_per_s", x->host_update_rate);
+    cli_json_int(o, "device_peak_bytes", (int64_t)x->device_peak);
+    cli_json_int(o, "host_pinned_bytes", (int64_t)x->host_pinned);
+    cli_json_num(o, "host_rss_peak_bytes", x->rss_run);
+    cli_json_str(o, "host_rss_peak_scope", x->rss_run_scoped ? "run" : "process");
+    cli_json_num(o, "host_maxrss_process_bytes", x->rss_process);
+    cli_json_num(o, "loss", x->loss);
+    cJSON *b = cJSON_AddObjectToObject(o, "lower_bound");
+    if (b) {
+        cli_json_num(b, "seconds", x->lower_bound);
+        cli_json_str(b, "bound_by", x->bound_by);
+        cli_json_num(b, "ratio", x->ratio);
+        cli_json_num(b, "transfer_seconds", x->t_transfer);
+        cli_json_num(b, "compute_seconds", x->t_compute);
+        cli_json_num(b, "host_seconds", x->t_host);
+        cli_json_num(b, "step_flops", x->flops);
+        cli_json_num(b, "gemm_flops_per_s", x->flops / x->t_compute);
+        cli_json_num(b, "host_memory_bytes_per_step", x->host_bytes);
+    }
+    return o;
+}
+
+int bench_write_json(const char *path, const bench_config *c, const bench_limits *L,
+                     const bench_result *r, int n, double wall_seconds)
+{
+    cJSON *root = cJSON_CreateObject();
+    if (!root) {
+        errno = ENOMEM;
+        return -1;
+    }
+    char when[64] = "";
+    time_t now = time(NULL);
+    struct tm tm;
+    if (gmtime_r(&now, &tm))
+        strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    cli_json_str(root, "castor_version", castor_version());
+    cli_json_str(root, "build_features", castor_build_features());
+    cli_json_str(root, "date", when);
+    cli_json_int(root, "cpu_cores", castor__cpu_count());
+    cli_json_num(root, "other_processes_cpu_before", c->others_before);
+    cli_json_num(root, "other_processes_cpu_during", c->others_during);
+    cJSON_AddItemToObject(root, "config", json_config(c));
+    cJSON_AddItemToObject(root, "limits", json_limits(L));
+    cli_json_str(root, "lower_bound_method",
+                 "max(transfer, compute, host): transfer = max(h2d/h2d_rate, d2h/d2h_rate, "
+                 "(h2d+d2h)/both_directions_rate) with this run's bytes; compute = sum of the "
+                 "step's GEMM times (forward x W, backward x^T dy and, above the first layer, "
+                 "dy W^T) at the busiest replica's rows, measured with every replica at once; "
+                 "host = host_memory_bytes_per_step / host_memory_bytes_per_s, where the bytes "
+                 "are the host reduction's, (replicas + 1) x 4 x params (central; mirrored with "
+                 "several replicas not all on GPUs), plus the optimizer's wherever it runs in "
+                 "host memory (adam: 28 x params; central: once; mirrored: once per emulated "
+                 "CPU device, whose memory is host memory). Not counted: elementwise kernels, "
+                 "and mirrored's all-reduce between GPUs (NCCL or on a shared GPU), so the "
+                 "bound only gets looser.");
+    cJSON *runs = cJSON_AddArrayToObject(root, "runs");
+    for (int i = 0; runs && i < n; i++)
+        cJSON_AddItemToArray(runs, json_run(c, &r[i]));
+    cli_json_num(root, "wall_seconds", wall_seconds);
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!text) {
+        errno = ENOMEM;
+        return -1;
+    }
+    FILE *f = fopen(path, "w");
+    int rc = -1;
+    if (f) {
+        int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+        rc = fclose(f) == 0 && ok ? 0 : -1;
+    }
+    cJSON_free(text);
+    return rc;
+}
+
+/* ---- the plot ------------------------------------------------------------ */
+
+static int find_in_path(const char *name)
+{
+    const char *path = getenv("PATH");
+    if (!path || !*path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    char dir[4096];
+    while (*path) {
+        size_t len = strcspn(path, ":");
+        char file[4200];
+        snprintf(dir, sizeof dir, "%.*s", (int)len, path);
+        snprintf(file, sizeof file, "%s/%s", len ? dir : ".", name);
+        if (access(file, X_OK) == 0)
+            return 1;
+        path += len;
+        if (*path == ':')
+            path++;
+    }
+    return 0;
+}
+
+/* A gnuplot single-quoted string: '' stands for a quote. */
+static void gp_quoted(FILE *f, const char *s)
+{
+    fputc('\'', f);
+    for (; *s; s++) {
+        if (*s == '\'')
+            fputc('\'', f);
+        if (*s != '\n')
+            fputc(*s, f);
+    }
+    fputc('\'', f);
+}
+
+typedef struct series {
+    castor_strategy_kind kind;
+    int batch;
+    int idx[256];
+    int n;
+} series;
+
+static void sort_by_params(const bench_result *r, series *s)
+{
+    for (int i = 1; i < s->n; i++)
+        for (int j = i; j > 0 && r[s->idx[j]].params < r[s->idx[j - 1]].params; j--) {
+            int t = s->idx[j];
+            s->idx[j] = s->idx[j - 1];
+            s->idx[j - 1] = t;
+        }
+}
+
+static void write_script(FILE *f, const char *png, const bench_config *c, const bench_result *r,
+                         const series *ser, int nser)
+{
+    for (int k = 0; k < nser; k++) {
+        fprintf(f, "$s%d << EOD\n", k);
+        for (int i = 0; i < ser[k].n; i++) {
+            const bench_result *x = &r[ser[k].idx[i]];
+            fprintf(f, "%zu %.6g %.6g %.6g\n", x->params, x->step_median * 1e3,
+                    isfinite(x->lower_bound) ? x->lower_bound * 1e3 : 0.0,
+                    (double)x->device_peak / MIB);
+        }
+        fprintf(f, "EOD\n");
+    }
+    fprintf(f, "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {\n"
+               "  set terminal pngcairo size 1400,560 font 'sans,10'\n"
+               "} else {\n"
+               "  set terminal png size 1400,560\n"
+               "}\n");
+    fprintf(f, "set output ");
+    gp_quoted(f, png);
+    fprintf(f, "\n");
+    char title[512];
+    snprintf(title, sizeof title, "castor bench: %s, %d replica%s, %s, depth %s%d, %d timed steps",
+             c->devices, c->replicas, c->replicas == 1 ? "" : "s",
+             castor_optimizer_kind_name(c->optimizer), c->n_depths > 1 ? "from " : "",
+             c->depths[0], c->steps);
+    fprintf(f, "set multiplot layout 1,2 title ");
+    gp_quoted(f, title);
+    fprintf(f, "\nset logscale x\nset grid\nset key top left\nset xlabel 'parameters'\n"
+               "set format x '%%.0s%%c'\n");
+    static const char *colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                                   "#8c564b", "#e377c2", "#7f7f7f"};
+    const int ncol = (int)(sizeof colors / sizeof colors[0]);
+    /* Left: step time, measured and lower bound. */
+    fprintf(f, "set logscale y\nset ylabel 'median step time (ms)'\n"
+               "set title 'step time (dashed: lower bound from the measured limits)'\nplot ");
+    for (int k = 0; k < nser; k++) {
+        char name[64];
+        if (c->n_batches > 1)
+            snprintf(name, sizeof name, "%s, batch %d", kind_name(ser[k].kind), ser[k].batch);
+        else
+            snprintf(name, sizeof name, "%s", kind_name(ser[k].kind));
+        fprintf(f,
+                "%s$s%d using 1:2 with linespoints lw 2 pt 7 lc rgb '%s' title '%s', "
+                "$s%d using 1:($3 > 0 ? $3 : NaN) with lines dt 2 lc rgb '%s' title '%s bound'",
+                k ? ", " : "", k, colors[k % ncol], name, k, colors[k % ncol], name);
+    }
+    fprintf(f, "\n");
+    /* Right: device memory. */
+    fprintf(f, "unset logscale y\nset yrange [0:*]\nset ylabel 'peak device memory per replica (MiB)'\n"
+               "set title 'device memory'\nplot ");
+    for (int k = 0; k < nser; k++) {
+        char name[64];
+        if (c->n_batches > 1)
+            snprintf(name, sizeof name, "%s, batch %d", kind_name(ser[k].kind), ser[k].batch);
+        else
+            snprintf(name, sizeof name, "%s", kind_name(ser[k].kind));
+        fprintf(f, "%s$s%d using 1:4 with linespoints lw 2 pt 7 lc rgb '%s' title '%s'",
+                k ? ", " : "", k, colors[k % ncol], name);
+    }
+    fprintf(f, "\nunset multiplot\nset output\n");
+}
+
+int bench_plot(const char *dir, const bench_config *c, const bench_result *r, int n)
+{
+    char png[4200];
+    snprintf(png, sizeof png, "%s/bench.png", dir);
+    unlink(png); /* never leave an old plot beside new numbers */
+    if (!find_in_path("gnuplot")) {
+        fprintf(stderr, "castor: warning: bench: gnuplot is not installed (scripts/install-deps "
+                        "installs it): no plot, CSV and JSON are written\n");
+        return 1;
+    }
+    series ser[2 * BENCH_MAX_LIST];
+    int nser = 0;
+    for (int i = 0; i < n; i++) {
+        if (!r[i].ok)
+            continue;
+        int k = 0;
+        while (k < nser && !(ser[k].kind == r[i].strategy && ser[k].batch == r[i].batch))
+            k++;
+        if (k == nser) {
+            if (nser == (int)(sizeof ser / sizeof ser[0]))
+                continue;
+            ser[nser].kind = r[i].strategy;
+            ser[nser].batch = r[i].batch;
+            ser[nser].n = 0;
+            nser++;
+        }
+        if (ser[k].n < (int)(sizeof ser[k].idx / sizeof ser[k].idx[0]))
+            ser[k].idx[ser[k].n++] = i;
+    }
+    if (nser == 0) {
+        fprintf(stderr, "castor: warning: bench: no run succeeded: no plot\n");
+        return 1;
+    }
+    for (int k = 0; k < nser; k++)
+        sort_by_params(r, &ser[k]);
+
+    /* gnuplot may exit early: a write to its pipe must not kill us. */
+    struct sigaction ign, old;
+    memset(&ign, 0, sizeof ign);
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    sigaction(SIGPIPE, &ign, &old);
+    fflush(NULL);
+    FILE *f = popen("gnuplot", "w");
+    int status = -1;
+    if (f) {
+        write_script(f, png, c, r, ser, nser);
+        status = pclose(f);
+    }
+    sigaction(SIGPIPE, &old, NULL);
+    struct stat sb;
+    if (!f || status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
+        stat(png, &sb) != 0 || sb.st_size == 0) {
+        fprintf(stderr, "castor: warning: bench: gnuplot failed (status %d): no plot, CSV and "
+                        "JSON are written\n",
+                status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        return 1;
+    }
+    return 0;
+}

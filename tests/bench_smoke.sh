@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# Smoke test of castor bench: bash tests/bench_smoke.sh build/castor
+#
+# Runs `castor bench --quick` on emulated CPU devices into a temporary
+# directory and checks what it leaves: the table on stdout, progress on
+# stderr, bench.csv with rows for both strategies, bench.json (parsed with
+# python3) with the measured limits and a lower bound for every run, and
+# bench.png (PNG magic) when gnuplot is installed. Also --help, a usage
+# error and BENCH_OUT. The last line is "N passed, M failed".
+set -uo pipefail
+
+if [[ $# -ne 1 ]]; then
+    echo "usage: bash tests/bench_smoke.sh PATH/TO/castor" >&2
+    exit 2
+fi
+BIN=$(realpath "$1")
+if [[ ! -x "$BIN" ]]; then
+    echo "bench_smoke: $1 is not an executable" >&2
+    exit 2
+fi
+
+T=$(mktemp -d "${TMPDIR:-/tmp}/castor-bench-smoke.XXXXXX")
+trap 'rm -rf "$T"' EXIT
+
+passed=0
+failed=0
+ok() {
+    passed=$((passed + 1))
+    echo "ok    $1"
+}
+bad() {
+    failed=$((failed + 1))
+    echo "FAIL  $1"
+    if [[ -n "${2:-}" ]]; then printf '%s\n' "$2" | head -n 20 | sed 's/^/      | /'; fi
+}
+check() { # check NAME COMMAND...: ok if the command succeeds
+    local name=$1
+    shift
+    if "$@" >"$T/check.out" 2>&1; then ok "$name"; else bad "$name" "$(cat "$T/check.out")"; fi
+}
+
+# ---- help and usage errors ----
+"$BIN" bench --help >"$T/help" 2>&1
+rc=$?
+if [[ $rc -eq 0 ]] && grep -q -- '--quick' "$T/help" && grep -q -- '--widths' "$T/help"; then
+    ok "bench --help"
+else
+    bad "bench --help: status $rc" "$(cat "$T/help")"
+fi
+"$BIN" help bench >"$T/help2" 2>&1
+rc=$?
+if [[ $rc -eq 0 ]] && cmp -s "$T/help" "$T/help2"; then
+    ok "help bench"
+else
+    bad "help bench: status $rc, or not the same text as bench --help"
+fi
+"$BIN" bench --widths 0 --out "$T/never" >"$T/out" 2>"$T/err"
+rc=$?
+if [[ $rc -eq 2 && $(wc -l <"$T/err") -eq 1 ]] && grep -q '^castor: ' "$T/err" && [[ ! -e "$T/never" ]]; then
+    ok "bench --widths 0 -> 2: $(head -c 100 "$T/err")"
+else
+    bad "bench --widths 0: want status 2, one 'castor: ' line, nothing written; got $rc" "$(cat "$T/err")"
+fi
+
+# ---- a quick run ----
+OUT="$T/out dir"  # a space in the path, for the gnuplot script's quoting
+start=$(date +%s%N)
+timeout 300 "$BIN" bench --quick --devices cpu:2 --out "$OUT" >"$T/stdout" 2>"$T/stderr"
+rc=$?
+ms=$((($(date +%s%N) - start) / 1000000))
+if [[ $rc -eq 0 ]]; then
+    ok "bench --quick exits 0 (${ms} ms)"
+else
+    bad "bench --quick: status $rc" "$(tail -n 20 "$T/stderr")"
+fi
+check "table on stdout" grep -q '^runs' "$T/stdout"
+check "lower-bound table on stdout" grep -q '^against the limits' "$T/stdout"
+check "limits on stdout" grep -q 'host memory' "$T/stdout"
+check "progress on stderr" grep -q '^\[1/4\] central width 64 depth 1 batch 64' "$T/stderr"
+
+CSV="$OUT/bench.csv"
+if [[ -s "$CSV" ]]; then
+    ok "bench.csv written"
+else
+    bad "bench.csv missing or empty"
+fi
+check "bench.csv header" bash -c "head -n 1 \"\$1\" | grep -q '^strategy,devices,replicas,.*step_median_s,.*lower_bound_s,bound_by,ratio'" _ "$CSV"
+for s in central mirrored; do
+    n=$(grep -c "^$s,.*,1,\"\"," "$CSV" 2>/dev/null)
+    if [[ "$n" -eq 2 ]]; then
+        ok "bench.csv: 2 successful $s rows"
+    else
+        bad "bench.csv: want 2 successful $s rows, got ${n:-0}" "$(cat "$CSV" 2>/dev/null)"
+    fi
+done
+
+JSON="$OUT/bench.json"
+if python3 - "$JSON" >"$T/json.out" 2>&1 <<'EOF'
+import json, math, sys
+d = json.load(open(sys.argv[1]))
+L = d["limits"]
+for k in ("h2d_bytes_per_s", "d2h_bytes_per_s", "both_directions_bytes_per_s",
+          "h2d_one_replica_bytes_per_s", "d2h_one_replica_bytes_per_s",
+          "host_memory_bytes_per_s", "host_optimizer_params_per_s"):
+    v = L[k]
+    assert isinstance(v, (int, float)) and v > 0 and math.isfinite(v), (k, v)
+assert L["backend"] == "cpu" and L["replicas"] == 2, L
+g = L["gemm"]
+assert len(g) >= 5 and all(x["flops_per_s"] > 0 and x["seconds"] > 0 for x in g), g
+runs = d["runs"]
+assert len(runs) == 4, len(runs)
+assert sorted(r["strategy"] for r in runs) == ["central"] * 2 + ["mirrored"] * 2
+for r in runs:
+    assert r["ok"], r
+    for k in ("step_seconds", "samples_per_s", "h2d_bytes_per_step", "d2h_bytes_per_step",
+              "bus_bytes_per_s", "host_update_params_per_s", "device_peak_bytes",
+              "host_pinned_bytes", "host_rss_peak_bytes", "host_maxrss_process_bytes"):
+        assert r[k] > 0, (k, r[k])
+    b = r["lower_bound"]
+    assert b["bound_by"] in ("transfer", "compute", "host"), b
+    for k in ("seconds", "ratio", "transfer_seconds", "compute_seconds", "host_seconds",
+              "step_flops", "gemm_flops_per_s"):
+        assert b[k] > 0, (k, b[k])
+    assert abs(b["seconds"] - max(b["transfer_seconds"], b["compute_seconds"],
+                                  b["host_seconds"])) <= 1e-12 * b["seconds"], b
+    assert abs(b["ratio"] - r["step_seconds"] / b["seconds"]) < 1e-6 * b["ratio"], b
+# Same model and data: both strategies move the same bytes per step here
+# (mirrored all-reduces through host memory on CPU devices).
+by = {(r["strategy"], r["width"]): r for r in runs}
+for w in (64, 256):
+    c, m = by[("central", w)], by[("mirrored", w)]
+    assert c["params"] == m["params"]
+    assert c["h2d_bytes_per_step"] == m["h2d_bytes_per_step"], (c, m)
+    # central holds no optimizer state on the device
+    assert c["device_peak_bytes"] < m["device_peak_bytes"], (c, m)
+print("ok")
+EOF
+then
+    ok "bench.json parses, with the limits and a lower bound for every run"
+else
+    bad "bench.json" "$(cat "$T/json.out")"
+fi
+
+PNG="$OUT/bench.png"
+if command -v gnuplot >/dev/null 2>&1; then
+    if [[ -s "$PNG" ]] && [[ "$(head -c 8 "$PNG" | od -An -tx1 | tr -d ' \n')" == "89504e470d0a1a0a" ]]; then
+        ok "bench.png is a PNG"
+    else
+        bad "bench.png missing or not a PNG" "$(grep -i gnuplot "$T/stderr")"
+    fi
+else
+    if grep -q 'gnuplot is not installed' "$T/stderr" && [[ ! -e "$PNG" ]]; then
+        ok "no gnuplot: warned, no bench.png"
+    else
+        bad "no gnuplot: want a warning on stderr and no bench.png"
+    fi
+fi
+
+# ---- BENCH_OUT ----
+BENCH_OUT="$T/env" timeout 300 "$BIN" bench --quick --strategies central --widths 32 \
+    --steps 1 --warmup 0 >"$T/stdout2" 2>"$T/stderr2"
+rc=$?
+if [[ $rc -eq 0 && -s "$T/env/bench.csv" && -s "$T/env/bench.json" ]]; then
+    ok "BENCH_OUT names the output directory"
+else
+    bad "BENCH_OUT: status $rc" "$(tail -n 5 "$T/stderr2")"
+fi
+
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
