@@ -47,7 +47,6 @@ static int central_train_step(castor_model *m, const castor__batch *b, castor__b
     /* The loss gradient is scaled by the global batch, so the sum of the
      * replicas' gradients is the mean over the batch. */
     step_ctx c = {m, b, 1.0f / (float)b->rows};
-    castor_run_stats *rs = &m->rt->stats;
     double t0 = castor__now();
     if ((rc = castor__run_replicas(m, step_task, &c)))
         return rc;
@@ -57,14 +56,7 @@ static int central_train_step(castor_model *m, const castor__batch *b, castor__b
     double t2 = castor__now();
     castor__optim_apply(m->strategy->host_pool, &m->opt, m->params.ptr, m->grads.ptr,
                         m->opt_state.ptr, m->n_params, m->step + 1);
-    double t3 = castor__now();
-    rs->seconds_replicas += t1 - t0;
-    rs->seconds_reduce += t2 - t1;
-    rs->seconds_update += t3 - t2;
-    rs->seconds_total += t3 - t0;
-    rs->steps++;
-    m->step++;
-    m->params_version++;
+    castor__step_done(m, t0, t1, t2, castor__now());
     return CASTOR_OK;
 }
 

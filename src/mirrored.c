@@ -134,7 +134,6 @@ static int mirrored_train_step(castor_model *m, const castor__batch *b,
         return rc;
     castor__runtime *rt = m->rt;
     step_ctx c = {m, b, 1.0f / (float)b->rows};
-    castor_run_stats *rs = &rt->stats;
     /* With no reduction or NCCL the update happens inside the first phase. */
     int one_phase = rt->reduce == REDUCE_NONE || rt->reduce == REDUCE_NCCL;
     double t0 = castor__now();
@@ -154,14 +153,7 @@ static int mirrored_train_step(castor_model *m, const castor__batch *b,
         m->inconsistent = 1;
         return rc;
     }
-    double t3 = castor__now();
-    rs->seconds_replicas += t1 - t0;
-    rs->seconds_reduce += t2 - t1;
-    rs->seconds_update += t3 - t2;
-    rs->seconds_total += t3 - t0;
-    rs->steps++;
-    m->step++;
-    m->params_version++;
+    castor__step_done(m, t0, t1, t2, castor__now());
     m->host_params_current = 0;
     return CASTOR_OK;
 }

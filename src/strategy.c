@@ -399,6 +399,18 @@ void castor__reduce_grads(castor_model *m)
 
 /* ---- run statistics ---- */
 
+void castor__step_done(castor_model *m, double t0, double t1, double t2, double t3)
+{
+    castor_run_stats *rs = &m->rt->stats;
+    rs->seconds_replicas += t1 - t0;
+    rs->seconds_reduce += t2 - t1;
+    rs->seconds_update += t3 - t2;
+    rs->seconds_total += t3 - t0;
+    rs->steps++;
+    m->step++;
+    m->params_version++;
+}
+
 static void device_bytes(const castor_model *m, uint64_t *h2d, uint64_t *d2h)
 {
     *h2d = *d2h = 0;

@@ -96,6 +96,10 @@ void castor__reduce_grads(castor_model *m);
 /* Sum the replicas' row statistics of the last call, in replica order. */
 void castor__sum_stats(castor_model *m, castor__batch_stats *stats);
 
+/* A training step has been applied: count it and its phases (replicas from
+ * t0 to t1, reduction to t2, update to t3). */
+void castor__step_done(castor_model *m, double t0, double t1, double t2, double t3);
+
 /* Forward pass over a global batch on all replicas; per-row outputs go to
  * out (rows x output units) when out is not NULL. */
 int castor__forward_batch(castor_model *m, const castor__batch *b, float *out,
