@@ -1,4 +1,5 @@
 /* castor_dataset: samples in memory, from IDX files or from the caller. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,10 +9,10 @@
 #include "dataset.h"
 #include "util.h"
 
-static castor_dataset *dataset_new(void)
-{
-    return calloc(1, sizeof(castor_dataset));
-}
+/* Labels travel through the IDX reader as floats, which hold every integer
+ * below 2^24 exactly; a larger int32 label could arrive rounded to another
+ * class (2^24 + 1 becomes 2^24), so it is refused rather than changed. */
+#define MAX_IDX_LABEL ((1 << 24) - 1)
 
 static void dataset_clear(castor_dataset *ds)
 {
@@ -22,9 +23,12 @@ static void dataset_clear(castor_dataset *ds)
     ds->labels = NULL;
     ds->targets = NULL;
     ds->n = 0;
+    ds->features = 0;
+    ds->num_classes = 0;
+    ds->target_dim = 0;
 }
 
-void castor_dataset_free(castor_dataset *ds)
+CASTOR_API void castor_dataset_free(castor_dataset *ds)
 {
     if (!ds)
         return;
@@ -32,239 +36,317 @@ void castor_dataset_free(castor_dataset *ds)
     free(ds);
 }
 
-const char *castor_dataset_errmsg(const castor_dataset *ds)
+CASTOR_API const char *castor_dataset_errmsg(const castor_dataset *ds)
 {
     if (!ds)
-        return "out of memory (no dataset handle)";
+        return "out of memory (no dataset handle could be made)";
     return ds->errmsg[0] ? ds->errmsg : "no error";
 }
 
-static int fail(castor_dataset *ds, int code)
+/* The handle goes out also on failure, so that the caller can read why. */
+static int dataset_new(castor_dataset **out)
 {
-    dataset_clear(ds);
-    return code;
+    *out = calloc(1, sizeof(castor_dataset));
+    return *out ? CASTOR_OK : CASTOR_NOMEM;
 }
 
-int castor_dataset_load_idx(castor_dataset **out, const char *images_path,
-                            const char *labels_path)
+static int load_idx_into(castor_dataset *ds, const char *images_path, const char *labels_path)
 {
-    if (!out)
-        return CASTOR_MISUSE;
-    castor_dataset *ds = *out = dataset_new();
-    if (!ds)
-        return CASTOR_NOMEM;
-    if (!images_path || !labels_path) {
-        castor__errf(ds->errmsg, sizeof ds->errmsg, "load_idx: NULL path");
-        return CASTOR_MISUSE;
-    }
+    char *err = ds->errmsg;
+    size_t errlen = sizeof ds->errmsg;
     castor__idx img, lab;
-    int rc = castor__idx_read(images_path, 0, &img, ds->errmsg, sizeof ds->errmsg);
+    int32_t *labels = NULL;
+    int rc = castor__idx_read(images_path, 0, &img, err, errlen);
     if (rc)
         return rc;
     if (img.rank < 2) {
-        castor__errf(ds->errmsg, sizeof ds->errmsg,
+        castor__errf(err, errlen,
                      "%s: images need at least 2 dimensions (samples x features), file has 1",
                      images_path);
         castor__idx_free(&img);
         return CASTOR_FORMAT;
     }
-    /* Labels cannot outnumber images, which bounds what the label file may claim. */
-    if ((rc = castor__idx_read(labels_path, img.dims[0], &lab, ds->errmsg, sizeof ds->errmsg))) {
+    size_t n = img.dims[0], features = img.count / n;
+    if (features > INT_MAX) {
+        castor__errf(err, errlen, "%s: %zu features per sample, more than %d", images_path,
+                     features, INT_MAX);
+        castor__idx_free(&img);
+        return CASTOR_FORMAT;
+    }
+    /* Only float files can carry NaN or infinity; one would poison training
+     * with no hint of where it came from. */
+    if (img.type == 0x0D || img.type == 0x0E) {
+        for (size_t i = 0; i < img.count; i++) {
+            if (!isfinite(img.values[i])) {
+                castor__errf(err, errlen, "%s: sample %zu, value %zu is %g, not a finite number",
+                             images_path, i / features, i % features, (double)img.values[i]);
+                castor__idx_free(&img);
+                return CASTOR_FORMAT;
+            }
+        }
+    }
+    if ((rc = castor__idx_read(labels_path, 0, &lab, err, errlen))) {
         castor__idx_free(&img);
         return rc;
     }
-    if (lab.rank != 1 || lab.dims[0] != img.dims[0]) {
-        castor__errf(ds->errmsg, sizeof ds->errmsg,
-                     "%s: %u labels (rank %d) for %u images in %s", labels_path, lab.dims[0],
-                     lab.rank, img.dims[0], images_path);
-        castor__idx_free(&img);
-        castor__idx_free(&lab);
-        return CASTOR_FORMAT;
+    rc = CASTOR_FORMAT;
+    if (lab.rank != 1) {
+        castor__errf(err, errlen, "%s: a label file has 1 dimension, this one has %d",
+                     labels_path, lab.rank);
+        goto done;
     }
-    size_t n = img.dims[0], features = img.count / n;
-    if (features > (1u << 24)) {
-        castor__errf(ds->errmsg, sizeof ds->errmsg, "%s: %zu features per sample is too many",
-                     images_path, features);
-        castor__idx_free(&img);
-        castor__idx_free(&lab);
-        return CASTOR_FORMAT;
+    if (lab.count != n) {
+        castor__errf(err, errlen, "%s: %zu labels for the %zu images in %s", labels_path,
+                     lab.count, n, images_path);
+        goto done;
     }
-    ds->labels = malloc(n * sizeof(int32_t));
-    if (!ds->labels) {
-        castor__idx_free(&img);
-        castor__idx_free(&lab);
-        castor__errf(ds->errmsg, sizeof ds->errmsg, "out of memory");
-        return CASTOR_NOMEM;
+    labels = malloc(n * sizeof(int32_t));
+    if (!labels) {
+        castor__errf(err, errlen, "%s: out of memory for %zu labels", labels_path, n);
+        rc = CASTOR_NOMEM;
+        goto done;
     }
-    int max_label = -1;
+    int32_t max_label = 0;
     for (size_t i = 0; i < n; i++) {
         float v = lab.values[i];
-        if (!(v >= 0.0f && v < 65536.0f) || v != floorf(v)) {
-            castor__errf(ds->errmsg, sizeof ds->errmsg,
-                         "%s: label %zu is %g, not a class number 0..65535", labels_path, i,
-                         (double)v);
-            castor__idx_free(&img);
-            castor__idx_free(&lab);
-            return fail(ds, CASTOR_FORMAT);
+        if (!(v >= 0.0f && v <= (float)MAX_IDX_LABEL) || v != floorf(v)) {
+            castor__errf(err, errlen, "%s: label %zu is %g, not a class number 0..%d",
+                         labels_path, i, (double)v, MAX_IDX_LABEL);
+            goto done;
         }
-        ds->labels[i] = (int32_t)v;
-        if (ds->labels[i] > max_label)
-            max_label = ds->labels[i];
+        labels[i] = (int32_t)v;
+        if (labels[i] > max_label)
+            max_label = labels[i];
     }
-    castor__idx_free(&lab);
-    /* Pixels (unsigned bytes) are scaled to [0, 1]; other types kept as they are. */
+    /* Unsigned bytes are pixels; every other type is taken as it is. */
     if (img.type == 0x08)
         for (size_t i = 0; i < img.count; i++)
-            img.values[i] *= 1.0f / 255.0f;
+            img.values[i] /= 255.0f;
     ds->x = img.values;
+    img.values = NULL;
+    ds->labels = labels;
+    labels = NULL;
     ds->n = n;
     ds->features = (int)features;
-    ds->num_classes = max_label + 1;
-    return CASTOR_OK;
+    ds->num_classes = (int)max_label + 1;
+    rc = CASTOR_OK;
+done:
+    free(labels);
+    castor__idx_free(&img);
+    castor__idx_free(&lab);
+    return rc;
 }
 
-/* path/name or path/name.gz, whichever exists (plain first). */
-static int find_file(const char *dir, const char *name, char *buf, size_t size)
-{
-    struct stat st;
-    snprintf(buf, size, "%s/%s", dir, name);
-    if (stat(buf, &st) == 0 && !S_ISDIR(st.st_mode))
-        return 1;
-    snprintf(buf, size, "%s/%s.gz", dir, name);
-    return stat(buf, &st) == 0 && !S_ISDIR(st.st_mode);
-}
-
-int castor_dataset_load_mnist_dir(castor_dataset **out, const char *dir, const char *which)
+CASTOR_API int castor_dataset_load_idx(castor_dataset **out, const char *images_path,
+                                       const char *labels_path)
 {
     if (!out)
         return CASTOR_MISUSE;
+    if (dataset_new(out))
+        return CASTOR_NOMEM;
+    castor_dataset *ds = *out;
+    if (!images_path || !labels_path) {
+        castor__errf(ds->errmsg, sizeof ds->errmsg, "load_idx: the %s path is NULL",
+                     images_path ? "labels" : "images");
+        return CASTOR_MISUSE;
+    }
+    return load_idx_into(ds, images_path, labels_path);
+}
+
+static int is_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && !S_ISDIR(st.st_mode);
+}
+
+/* dir/name or dir/name.gz, whichever exists (plain first); 0 if neither,
+ * -1 if the path does not fit. */
+static int find_file(const char *dir, const char *name, char *buf, size_t size)
+{
+    int len = snprintf(buf, size, "%s/%s.gz", dir, name);
+    if (len < 0 || (size_t)len >= size)
+        return -1;
+    buf[len - 3] = '\0';
+    if (is_file(buf))
+        return 1;
+    buf[len - 3] = '.';
+    return is_file(buf);
+}
+
+CASTOR_API int castor_dataset_load_mnist_dir(castor_dataset **out, const char *dir,
+                                             const char *which)
+{
+    if (!out)
+        return CASTOR_MISUSE;
+    if (dataset_new(out))
+        return CASTOR_NOMEM;
+    castor_dataset *ds = *out;
+    char *err = ds->errmsg;
+    size_t errlen = sizeof ds->errmsg;
     const char *prefix = NULL;
     if (which && strcmp(which, "train") == 0)
         prefix = "train";
     else if (which && strcmp(which, "test") == 0)
         prefix = "t10k";
-    if (!dir || !prefix) {
-        castor_dataset *ds = *out = dataset_new();
-        if (!ds)
-            return CASTOR_NOMEM;
-        castor__errf(ds->errmsg, sizeof ds->errmsg,
-                     "load_mnist_dir: need a directory and \"train\" or \"test\"");
+    if (!dir) {
+        castor__errf(err, errlen, "load_mnist_dir: the directory is NULL");
+        return CASTOR_MISUSE;
+    }
+    if (!prefix) {
+        castor__errf(err, errlen, "%s: which set is \"%s\"? it must be \"train\" or \"test\"", dir,
+                     which ? which : "(null)");
         return CASTOR_INVALID;
     }
-    char images[4096], labels[4096], iname[64], lname[64];
+    char images[4096], labels[4096], iname[32], lname[32];
     snprintf(iname, sizeof iname, "%s-images-idx3-ubyte", prefix);
     snprintf(lname, sizeof lname, "%s-labels-idx1-ubyte", prefix);
-    int have_i = find_file(dir, iname, images, sizeof images);
-    int have_l = find_file(dir, lname, labels, sizeof labels);
-    if (!have_i || !have_l) {
-        castor_dataset *ds = *out = dataset_new();
-        if (!ds)
-            return CASTOR_NOMEM;
-        castor__errf(ds->errmsg, sizeof ds->errmsg,
-                     "%s: missing %s[.gz]%s%s (for Fashion-MNIST install the Debian package "
+    int have_images = find_file(dir, iname, images, sizeof images);
+    int have_labels = find_file(dir, lname, labels, sizeof labels);
+    if (have_images < 0 || have_labels < 0) {
+        castor__errf(err, errlen, "%.200s...: directory path too long", dir);
+        return CASTOR_INVALID;
+    }
+    if (!have_images || !have_labels) {
+        castor__errf(err, errlen,
+                     "%s: missing %s[.gz]%s%s%s (for Fashion-MNIST install the Debian package "
                      "dataset-fashion-mnist)",
-                     dir, !have_i ? iname : lname, !have_i && !have_l ? " and " : "",
-                     !have_i && !have_l ? lname : "");
+                     dir, !have_images ? iname : lname, !have_images && !have_labels ? " and " : "",
+                     !have_images && !have_labels ? lname : "",
+                     !have_images && !have_labels ? "[.gz]" : "");
         return CASTOR_IO;
     }
-    return castor_dataset_load_idx(out, images, labels);
+    return load_idx_into(ds, images, labels);
 }
 
-int castor_dataset_from_memory(castor_dataset **out, const float *x, size_t n, int features,
-                               const int32_t *labels, const float *targets, int target_dim)
+CASTOR_API int castor_dataset_from_memory(castor_dataset **out, const float *x, size_t n,
+                                          int features, const int32_t *labels,
+                                          const float *targets, int target_dim)
 {
     if (!out)
         return CASTOR_MISUSE;
-    castor_dataset *ds = *out = dataset_new();
-    if (!ds)
+    if (dataset_new(out))
         return CASTOR_NOMEM;
+    castor_dataset *ds = *out;
     char *err = ds->errmsg;
-    size_t es = sizeof ds->errmsg, xcount, tcount = 0;
-    if (!x || n == 0 || features <= 0)
-        return castor__errf(err, es, "from_memory: need samples (n > 0, features > 0, x set)"),
-               CASTOR_INVALID;
-    if (!labels == !targets)
-        return castor__errf(err, es, "from_memory: give either labels or targets"),
-               CASTOR_INVALID;
-    if (targets && target_dim <= 0)
-        return castor__errf(err, es, "from_memory: target_dim must be positive"), CASTOR_INVALID;
-    if (n > UINT32_MAX || !castor__mul_ok(n, (size_t)features, &xcount) ||
-        (targets && !castor__mul_ok(n, (size_t)target_dim, &tcount)))
-        return castor__errf(err, es, "from_memory: too many samples"), CASTOR_INVALID;
-    ds->x = malloc(xcount * sizeof(float));
-    if (labels)
-        ds->labels = malloc(n * sizeof(int32_t));
-    if (targets)
-        ds->targets = malloc(tcount * sizeof(float));
-    if (!ds->x || (labels && !ds->labels) || (targets && !ds->targets))
-        return castor__errf(err, es, "from_memory: out of memory"), fail(ds, CASTOR_NOMEM);
-    memcpy(ds->x, x, xcount * sizeof(float));
-    int max_label = -1;
+    size_t errlen = sizeof ds->errmsg;
+    size_t x_count, target_count = 0, bytes;
+    if (!x || n == 0 || features <= 0) {
+        castor__errf(err, errlen,
+                     "from_memory: need samples: x non-NULL, n > 0 (is %zu), features > 0 (is %d)",
+                     n, features);
+        return CASTOR_INVALID;
+    }
+    if (!labels == !targets) {
+        castor__errf(err, errlen, "from_memory: give labels or targets, exactly one of them");
+        return CASTOR_INVALID;
+    }
+    if (targets && target_dim <= 0) {
+        castor__errf(err, errlen, "from_memory: target_dim must be positive (is %d)", target_dim);
+        return CASTOR_INVALID;
+    }
+    /* The trainer indexes samples with 32-bit permutations. */
+    if (n > UINT32_MAX || !castor__mul_ok(n, (size_t)features, &x_count) ||
+        !castor__mul_ok(x_count, sizeof(float), &bytes) ||
+        (targets && (!castor__mul_ok(n, (size_t)target_dim, &target_count) ||
+                     !castor__mul_ok(target_count, sizeof(float), &bytes)))) {
+        castor__errf(err, errlen, "from_memory: %zu samples is too many", n);
+        return CASTOR_INVALID;
+    }
+    int32_t max_label = -1;
     if (labels) {
         for (size_t i = 0; i < n; i++) {
-            if (labels[i] < 0)
-                return castor__errf(err, es, "from_memory: label %zu is negative (%d)", i,
-                                    labels[i]),
-                       fail(ds, CASTOR_INVALID);
+            /* num_classes = max + 1 must fit in an int. */
+            if (labels[i] < 0 || labels[i] == INT32_MAX) {
+                castor__errf(err, errlen, "from_memory: label %zu is %ld, not a class number 0..%ld",
+                             i, (long)labels[i], (long)INT32_MAX - 1);
+                return CASTOR_INVALID;
+            }
             if (labels[i] > max_label)
                 max_label = labels[i];
         }
+    }
+    ds->x = malloc(x_count * sizeof(float));
+    if (labels)
+        ds->labels = malloc(n * sizeof(int32_t));
+    else
+        ds->targets = malloc(target_count * sizeof(float));
+    if (!ds->x || (labels && !ds->labels) || (targets && !ds->targets)) {
+        dataset_clear(ds);
+        castor__errf(err, errlen, "from_memory: out of memory for %zu samples", n);
+        return CASTOR_NOMEM;
+    }
+    memcpy(ds->x, x, x_count * sizeof(float));
+    if (labels) {
         memcpy(ds->labels, labels, n * sizeof(int32_t));
+        ds->num_classes = (int)max_label + 1;
     } else {
-        memcpy(ds->targets, targets, tcount * sizeof(float));
+        memcpy(ds->targets, targets, target_count * sizeof(float));
         ds->target_dim = target_dim;
     }
     ds->n = n;
     ds->features = features;
-    ds->num_classes = max_label + 1;
     return CASTOR_OK;
 }
 
-size_t castor_dataset_size(const castor_dataset *ds)
+CASTOR_API size_t castor_dataset_size(const castor_dataset *ds)
 {
     return ds ? ds->n : 0;
 }
 
-int castor_dataset_features(const castor_dataset *ds)
+CASTOR_API int castor_dataset_features(const castor_dataset *ds)
 {
     return ds ? ds->features : 0;
 }
 
-const float *castor_dataset_x(const castor_dataset *ds)
+CASTOR_API const float *castor_dataset_x(const castor_dataset *ds)
 {
     return ds ? ds->x : NULL;
 }
 
-const int32_t *castor_dataset_labels(const castor_dataset *ds)
+CASTOR_API const int32_t *castor_dataset_labels(const castor_dataset *ds)
 {
     return ds ? ds->labels : NULL;
 }
 
-int castor_dataset_split_tail(castor_dataset *ds, size_t count, castor_dataset **tail)
+/* Give back memory the shrunk arrays no longer use; keeping the larger
+ * block when realloc cannot is harmless. */
+static void *shrink(void *block, size_t bytes)
+{
+    void *smaller = block ? realloc(block, bytes) : NULL;
+    return smaller ? smaller : block;
+}
+
+CASTOR_API int castor_dataset_split_tail(castor_dataset *ds, size_t count, castor_dataset **tail)
 {
     if (!ds || !tail)
         return CASTOR_MISUSE;
     *tail = NULL;
     if (count == 0 || count >= ds->n) {
         castor__errf(ds->errmsg, sizeof ds->errmsg,
-                     "split_tail: %zu samples cannot be split off %zu (need 0 < count < n)",
+                     "split_tail: cannot split %zu of %zu samples off (need 0 < count < size)",
                      count, ds->n);
         return CASTOR_INVALID;
     }
-    size_t keep = ds->n - count, f = (size_t)ds->features;
-    int rc = castor_dataset_from_memory(tail, ds->x + keep * f, count, ds->features,
+    size_t keep = ds->n - count, features = (size_t)ds->features;
+    size_t target_dim = (size_t)ds->target_dim;
+    int rc = castor_dataset_from_memory(tail, ds->x + keep * features, count, ds->features,
                                         ds->labels ? ds->labels + keep : NULL,
-                                        ds->targets ? ds->targets + keep * (size_t)ds->target_dim
-                                                    : NULL,
+                                        ds->targets ? ds->targets + keep * target_dim : NULL,
                                         ds->target_dim);
     if (rc) {
-        castor__errf(ds->errmsg, sizeof ds->errmsg, "%s", castor_dataset_errmsg(*tail));
+        castor__errf(ds->errmsg, sizeof ds->errmsg, "split_tail: %s", castor_dataset_errmsg(*tail));
         castor_dataset_free(*tail);
         *tail = NULL;
         return rc;
     }
-    /* The tail's classes may need as many outputs as the whole set did. */
+    /* Outputs are sized for the whole set's classes, which the tail alone
+     * may not all contain. */
     (*tail)->num_classes = ds->num_classes;
+    ds->x = shrink(ds->x, keep * features * sizeof(float));
+    if (ds->labels)
+        ds->labels = shrink(ds->labels, keep * sizeof(int32_t));
+    if (ds->targets)
+        ds->targets = shrink(ds->targets, keep * target_dim * sizeof(float));
     ds->n = keep;
     return CASTOR_OK;
 }
