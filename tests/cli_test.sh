@@ -3,8 +3,11 @@
 #
 # Help and version, strict flag checking (usage errors are one line starting
 # "castor: " and exit 2), castor info, a tiny training run on a synthetic IDX
-# data set with --json, the progress display, and SIGINT/SIGTERM stopping a
-# run with status 130/143. The last line is "N passed, M failed".
+# data set with --json, the progress display, SIGINT/SIGTERM stopping a run
+# with status 130/143; then --save with eval and predict, checkpoints, a run
+# killed with SIGKILL and resumed (bitwise equal to one never interrupted),
+# SIGTERM writing a checkpoint, and --resume files and flags that cannot
+# work. The last line is "N passed, M failed".
 set -uo pipefail
 
 if [[ $# -ne 1 ]]; then
@@ -120,7 +123,8 @@ fi
 
 TRAIN_FLAGS=(--data --layers --optimizer --lr --momentum --nesterov --weight-decay --epochs
     --batch --strategy --devices --seed --loss --validation-split --device-memory
-    --host-threads --tf32 --json --quiet --verbose --help)
+    --host-threads --tf32 --json --quiet --verbose --help --save --checkpoint-dir
+    --checkpoint-every --keep --resume)
 for how in "train --help" "help train"; do
     # shellcheck disable=SC2086
     run $how
@@ -330,7 +334,8 @@ interrupt_test() { # interrupt_test SIGNAL STATUS
     wait "$BGPID"
     rc=$?
     BGPID=""
-    if [[ $rc -eq $want ]] && grep -Eq 'interrupted after step [0-9]+' "$T/err"; then
+    if [[ $rc -eq $want ]] &&
+        grep -Eq 'interrupted after step [0-9]+; no checkpoint directory set, progress lost' "$T/err"; then
         ok "SIG$sig during training -> status $rc, '$(grep -o 'interrupted after step [0-9]*' "$T/err")'"
     else
         bad "SIG$sig: want status $want and 'interrupted after step N'; got $rc" "$(tail -n 3 "$T/err")"
@@ -338,6 +343,331 @@ interrupt_test() { # interrupt_test SIGNAL STATUS
 }
 interrupt_test INT 130
 interrupt_test TERM 143
+
+
+# ---- --save, then eval and predict from the file ------------------------------------------
+# One epoch at a small learning rate: an accuracy well short of 1, so that
+# agreeing on it means something.
+SAVED="$T/model.safetensors"
+run "${TRAIN[@]}" --devices cpu:2 --epochs 1 --batch 64 --lr 0.001 --save "$SAVED" --json --quiet
+if [[ $rc -eq 0 && -s "$SAVED" ]]; then
+    cp "$T/out" "$T/train.json"
+    if tail -n 1 "$T/out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+assert d["saved"] == sys.argv[1] and d["resumed_from"] is None and d["checkpoints"] == 0, d
+assert 0.1 < d["test_accuracy"] < 0.9, "want a partly trained model: %r" % d["test_accuracy"]
+' "$SAVED" 2>"$T/py"; then
+        ok "train --save: the summary says where"
+    else
+        bad "train --save: the summary" "$(cat "$T/py"; tail -n 1 "$T/out")"
+    fi
+else
+    bad "train --save: status $rc, file $(ls -l "$SAVED" 2>&1)" "$(cat "$T/err")"
+fi
+
+run eval --model "$SAVED" --data "$DATA" --devices cpu:2 --batch 64 --json
+if [[ $rc -eq 0 ]] && tail -n 1 "$T/out" | python3 -c '
+import json, sys
+e = json.loads(sys.stdin.read())
+t = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+assert e["test_accuracy"] == t["test_accuracy"], (e["test_accuracy"], t["test_accuracy"])
+assert abs(e["test_loss"] - t["test_loss"]) <= 1e-9 * abs(t["test_loss"]), (e, t)
+assert e["samples"] == 128 and e["model"] == sys.argv[2] and e["step"] == 8, e
+print(t["test_accuracy"])
+' "$T/train.json" "$SAVED" >"$T/py" 2>&1; then
+    ok "eval --model reproduces the test_accuracy train printed: $(cat "$T/py")"
+else
+    bad "eval --model --json: status $rc" "$(cat "$T/py" "$T/out" "$T/err")"
+fi
+
+run eval --model "$SAVED" --data "$DATA"
+if [[ $rc -eq 0 ]] && grep -Eq '^test: +loss [0-9.]+ +accuracy [0-9.]+' "$T/out"; then
+    ok "eval without --json prints a text summary"
+else
+    bad "eval text summary: status $rc" "$(cat "$T/out" "$T/err")"
+fi
+
+run predict --model "$SAVED" --data "$DATA"
+if [[ $rc -eq 0 && $(lines "$T/out") -eq 11 ]] && head -n 1 "$T/out" | grep -q 'predicted'; then
+    ok "predict: a header and the default 10 samples"
+else
+    bad "predict: status $rc, want 11 lines" "$(cat "$T/out" "$T/err")"
+fi
+
+run predict --model "$SAVED" --data "$DATA" --limit 1000 --json
+if [[ $rc -eq 0 ]] && tail -n 1 "$T/out" | python3 -c '
+import json, sys
+p = json.loads(sys.stdin.read())
+t = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+assert isinstance(p, list) and len(p) == 128, "want all 128 test samples, got %d" % len(p)
+assert [r["index"] for r in p] == list(range(128))
+assert all(0.1 <= r["probability"] <= 1.0 for r in p), "the top softmax of 10 classes is in [0.1, 1]"
+assert all(0 <= r["predicted"] < 10 and 0 <= r["label"] < 10 for r in p)
+acc = sum(r["predicted"] == r["label"] for r in p) / len(p)
+assert acc == t["test_accuracy"], (acc, t["test_accuracy"])
+' "$T/train.json" 2>"$T/py"; then
+    ok "predict --json --limit 1000: every test sample; the argmax agrees with eval's accuracy"
+else
+    bad "predict --json: status $rc" "$(cat "$T/py"; tail -c 300 "$T/out"; cat "$T/err")"
+fi
+
+for how in "eval --help" "help eval" "predict --help" "help predict"; do
+    # shellcheck disable=SC2086
+    run $how
+    if [[ $rc -eq 0 ]] && grep -q -- '--model' "$T/out" && grep -q -- '--data' "$T/out" &&
+        grep -q '(default:' "$T/out"; then
+        ok "castor $how"
+    else
+        bad "castor $how: status $rc" "$(cat "$T/out" "$T/err")"
+    fi
+done
+run --help
+if grep -q '^  eval ' "$T/out" && grep -q '^  predict ' "$T/out"; then
+    ok "castor --help lists eval and predict"
+else
+    bad "castor --help lacks eval or predict" "$(cat "$T/out")"
+fi
+
+# ---- eval and predict: bad arguments ------------------------------------------------------------
+head -c 1000 "$SAVED" >"$T/truncated.safetensors"
+expect_error 2 "eval without --model" eval --data "$DATA"
+expect_error 2 "predict without --model" predict --data "$DATA"
+expect_error 2 "eval: unknown flag --limit" eval --model "$SAVED" --data "$DATA" --limit 3
+expect_error 2 "eval: positional argument" eval --model "$SAVED" extra
+expect_error 2 "eval --batch 0" eval --model "$SAVED" --data "$DATA" --batch 0
+expect_error 2 "eval --strategy sideways" eval --model "$SAVED" --data "$DATA" --strategy sideways
+expect_error 2 "eval: batch smaller than the replicas" eval --model "$SAVED" --data "$DATA" --devices cpu:4 --batch 2
+expect_error 2 "predict --limit 0" predict --model "$SAVED" --data "$DATA" --limit 0
+expect_error 2 "predict --limit abc" predict --model "$SAVED" --data "$DATA" --limit abc
+expect_error 2 "predict --limit -3" predict --model "$SAVED" --data "$DATA" --limit -3
+expect_error 1 "eval: no such model file" eval --model "$T/no-such.safetensors" --data "$DATA"
+expect_error 1 "eval: a directory as the model" eval --model "$T" --data "$DATA"
+expect_error 1 "eval: a truncated model" eval --model "$T/truncated.safetensors" --data "$DATA"
+expect_error 1 "predict: a truncated model" predict --model "$T/truncated.safetensors" --data "$DATA"
+expect_error 1 "eval: not a model" eval --model "$DATA/train-images-idx3-ubyte.gz" --data "$DATA"
+expect_error 1 "eval: missing data directory" eval --model "$SAVED" --data "$T/no-such-dir"
+
+# ---- checkpoints: every N steps, the newest K kept, other files left alone -----------------
+names() { find "$1" -mindepth 1 -maxdepth 1 -printf '%f\n' 2>/dev/null | LC_ALL=C sort | tr '\n' ' '; }
+CK="$T/ck-every"
+mkdir -p "$CK"
+echo keep >"$CK/notes.txt"
+echo keep >"$CK/ckpt-old.safetensors"
+run "${TRAIN[@]}" --devices cpu:2 --epochs 2 --batch 64 --quiet --json \
+    --checkpoint-dir "$CK/sub/dir" --checkpoint-every 4 --keep 2
+if [[ $rc -eq 0 ]] &&
+    [[ "$(names "$CK/sub/dir")" == "ckpt-000000000012.safetensors ckpt-000000000016.safetensors " ]] &&
+    tail -n 1 "$T/out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+assert d["checkpoints"] == 4 and d["saved"] is None and d["resumed_from"] is None, d'; then
+    ok "--checkpoint-every 4 --keep 2: 4 written into a new nested directory, the newest 2 kept"
+else
+    bad "--checkpoint-every 4 --keep 2: status $rc" "$(ls -la "$CK/sub/dir" 2>&1; tail -n 1 "$T/out"; cat "$T/err")"
+fi
+run "${TRAIN[@]}" --devices cpu:2 --epochs 3 --batch 64 --quiet --json --checkpoint-dir "$CK" --keep 1
+if [[ $rc -eq 0 ]] &&
+    [[ "$(names "$CK")" == "ckpt-000000000024.safetensors ckpt-old.safetensors notes.txt sub " ]] &&
+    tail -n 1 "$T/out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+assert d["checkpoints"] == 3, d'; then
+    ok "--checkpoint-every epoch (the default) --keep 1: other files untouched"
+else
+    bad "--checkpoint-dir with other files: status $rc" "$(ls -la "$CK"; tail -n 1 "$T/out"; cat "$T/err")"
+fi
+
+# ---- kill -9 part-way, resume, and compare with a run never interrupted ---------------------------
+# same_tensors A B: the two safetensors files hold the same tensors, byte for
+# byte, at the same step (read by the documented layout: 8-byte little-endian
+# header length, JSON header, data section; struct and json only).
+same_tensors() {
+    python3 - "$1" "$2" <<'EOF'
+import json, struct, sys
+
+def load(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    data = raw[8 + n:]
+    meta = header.pop("__metadata__", {})
+    return meta, {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]])
+                  for k, v in header.items()}
+
+ma, ta = load(sys.argv[1])
+mb, tb = load(sys.argv[2])
+assert sorted(ta) == sorted(tb), "different tensors: %s vs %s" % (sorted(ta), sorted(tb))
+for k in sorted(ta):
+    if ta[k] != tb[k]:
+        a, b = ta[k][2], tb[k][2]
+        i = next((i for i in range(0, min(len(a), len(b)), 4) if a[i:i + 4] != b[i:i + 4]), None)
+        sys.exit("%s differs (dtype/shape %s %s / %s %s), first at float %s" %
+                 (k, ta[k][0], ta[k][1], tb[k][0], tb[k][1], None if i is None else i // 4))
+assert ma["step"] == mb["step"], (ma["step"], mb["step"])
+print("%d tensors, %d bytes, step %s" % (len(ta), sum(len(v[2]) for v in ta.values()), ma["step"]))
+EOF
+}
+newest_step() { # the largest step among DIR's ckpt-*.safetensors; 0 if none
+    local s
+    s=$(names "$1" | tr ' ' '\n' | sed -n 's/^ckpt-0*\([0-9][0-9]*\)\.safetensors$/\1/p' | sort -n | tail -n 1)
+    echo "${s:-0}"
+}
+
+# 512 samples, batch 8: 64 steps an epoch, 1920 in 30 epochs. A checkpoint
+# every 3 steps (each one fsync'd) makes the run last over a second, long
+# enough to kill it with certainty once the second epoch has begun.
+KILLRUN=("${TRAIN[@]}" --devices cpu:2 --batch 8 --epochs 30 --quiet)
+TOTAL=1920
+KD="$T/ck-kill"
+"$BIN" "${KILLRUN[@]}" --checkpoint-dir "$KD" --checkpoint-every 3 >"$T/kill.out" 2>"$T/kill.err" &
+BGPID=$!
+waited=0
+while [[ $(newest_step "$KD") -lt 66 ]]; do
+    if ! kill -0 "$BGPID" 2>/dev/null || [[ $waited -ge 1500 ]]; then break; fi
+    sleep 0.02
+    waited=$((waited + 1))
+done
+kill -KILL "$BGPID" 2>/dev/null
+wait "$BGPID" 2>/dev/null # (bash would report the job "Killed")
+krc=$?
+BGPID=""
+KSTEP=$(newest_step "$KD")
+nk=$(names "$KD" | tr ' ' '\n' | grep -c '^ckpt-')
+# --keep 3, and a 4th when the kill fell between writing a new one and
+# deleting the oldest (which waits until the new one is safely written).
+if [[ $krc -eq 137 && $KSTEP -ge 66 && $KSTEP -lt $TOTAL && $nk -ge 3 && $nk -le 4 ]]; then
+    ok "kill -9 part-way: the newest checkpoint at step $KSTEP of $TOTAL, $nk on disk (--keep 3)"
+    run "${KILLRUN[@]}" --resume "$KD" --save "$T/resumed.safetensors" --json
+    RPATH="$KD/$(printf 'ckpt-%012d.safetensors' "$KSTEP")"
+    if [[ $rc -eq 0 ]] && tail -n 1 "$T/out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+assert d["resumed_from"] == sys.argv[1], (d["resumed_from"], sys.argv[1])
+assert d["saved"] == sys.argv[2], d["saved"]
+assert d["global_step"] == int(sys.argv[3]) and d["steps"] == int(sys.argv[3]) - int(sys.argv[4]), d
+assert d["epochs"] == 30 and d["checkpoints"] == 0, d
+' "$RPATH" "$T/resumed.safetensors" "$TOTAL" "$KSTEP" 2>"$T/py"; then
+        ok "--resume DIR continues from the newest checkpoint to step $TOTAL"
+    else
+        bad "--resume DIR: status $rc" "$(cat "$T/py"; tail -n 1 "$T/out"; cat "$T/err")"
+    fi
+    run "${KILLRUN[@]}" --save "$T/full.safetensors"
+    if [[ $rc -eq 0 ]] && same_tensors "$T/resumed.safetensors" "$T/full.safetensors" >"$T/py" 2>&1; then
+        ok "killed and resumed == never interrupted, bitwise: $(cat "$T/py")"
+    else
+        bad "killed and resumed != never interrupted (status $rc)" "$(cat "$T/py" "$T/err")"
+    fi
+else
+    bad "kill -9 part-way: status $krc (want 137), newest step $KSTEP (want 66..$((TOTAL - 1))), $nk checkpoints (want 3 or 4)" \
+        "$(ls "$KD" 2>&1; cat "$T/kill.err")"
+fi
+
+# A checkpoint that has done every epoch asked for: evaluated only.
+if [[ -s "$T/full.safetensors" ]]; then
+    run "${TRAIN[@]}" --devices cpu:2 --batch 8 --epochs 30 --resume "$T/full.safetensors" --json
+    if [[ $rc -eq 0 ]] && grep -q 'nothing left to train' "$T/err" && tail -n 1 "$T/out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+assert d["steps"] == 0 and d["global_step"] == 1920 and d["test_accuracy"] is not None, d'; then
+        ok "--resume FILE with every epoch done: says so and only evaluates"
+    else
+        bad "--resume a finished run: status $rc" "$(tail -n 1 "$T/out"; cat "$T/err")"
+    fi
+fi
+
+# ---- SIGTERM with --checkpoint-dir: a checkpoint of the step reached, then resume it ----------
+TD="$T/ck-term"
+"$BIN" "${TRAIN[@]}" --devices cpu:2 --batch 8 --epochs 100000 --checkpoint-dir "$TD" \
+    >"$T/out" 2>"$T/err" &
+BGPID=$!
+waited=0
+while ! grep -q '^epoch 2/' "$T/err" 2>/dev/null; do
+    if ! kill -0 "$BGPID" 2>/dev/null || [[ $waited -ge 600 ]]; then break; fi
+    sleep 0.05
+    waited=$((waited + 1))
+done
+kill -TERM "$BGPID" 2>/dev/null
+wait "$BGPID"
+rc=$?
+BGPID=""
+msg=$(grep -E '^castor: interrupted after step [0-9]+; checkpoint saved to ' "$T/err")
+TSTEP=$(printf '%s' "$msg" | sed -n 's/^castor: interrupted after step \([0-9]*\);.*/\1/p')
+TPATH=${msg#*checkpoint saved to }
+if [[ $rc -eq 143 && -n "$TSTEP" && -s "$TPATH" &&
+    "$TPATH" == "$TD/$(printf 'ckpt-%012d.safetensors' "$TSTEP")" &&
+    "$(newest_step "$TD")" == "$TSTEP" ]]; then
+    ok "SIGTERM with --checkpoint-dir -> 143, '${msg#castor: }'"
+    # Finish the epoch in progress (or one more if it stopped at an epoch's end).
+    E=$((TSTEP / 64 + 1))
+    run "${TRAIN[@]}" --devices cpu:2 --epochs "$E" --resume "$TD" --json --quiet
+    if [[ $rc -eq 0 ]] && tail -n 1 "$T/out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+want = int(sys.argv[2]) * 64
+assert d["resumed_from"] == sys.argv[1], d["resumed_from"]
+assert d["global_step"] == want and d["steps"] == want - int(sys.argv[3]), d
+assert d["batch"] == 8, "the batch comes from the checkpoint: %r" % d["batch"]
+' "$TPATH" "$E" "$TSTEP" 2>"$T/py"; then
+        ok "resume after SIGTERM: --epochs $E finishes at step $((E * 64)), --batch from the file"
+    else
+        bad "resume after SIGTERM: status $rc" "$(cat "$T/py"; tail -n 1 "$T/out"; cat "$T/err")"
+    fi
+else
+    bad "SIGTERM with --checkpoint-dir: status $rc (want 143), step '$TSTEP', path '$TPATH'" \
+        "$(ls "$TD" 2>&1; tail -n 3 "$T/err")"
+fi
+
+# ---- --resume that cannot work: one line, the right status, nothing on disk changed ----------
+# snapshot DIR...: the names and checksums of everything under the DIRs
+snapshot() { find "$@" -type f -exec md5sum {} + 2>/dev/null | sort; find "$@" 2>/dev/null | sort; }
+mkdir -p "$T/ck-empty" "$T/ck-bad"
+cp "$SAVED" "$T/ck-bad/ckpt-000000000001.safetensors"
+head -c 3000 "$SAVED" >"$T/ck-bad/ckpt-000000000002.safetensors"
+before=$(snapshot "$T/ck-empty" "$T/ck-bad" "$SAVED")
+expect_error 1 "--resume an empty directory" "${TRAIN[@]}" --resume "$T/ck-empty" --checkpoint-dir "$T/ck-new"
+expect_error 1 "--resume a missing path" "${TRAIN[@]}" --resume "$T/no-such-dir"
+expect_error 1 "--resume DIR whose newest checkpoint is truncated" "${TRAIN[@]}" --resume "$T/ck-bad" \
+    --checkpoint-dir "$T/ck-new" --save "$T/never.safetensors"
+expect_error 1 "--resume a truncated FILE" "${TRAIN[@]}" --resume "$T/truncated.safetensors"
+expect_error 1 "--resume an IDX file" "${TRAIN[@]}" --resume "$DATA/t10k-labels-idx1-ubyte.gz"
+expect_error 2 "--resume with conflicting --layers" "${TRAIN[@]}" --layers 64:relu,10 \
+    --resume "$SAVED" --checkpoint-dir "$T/ck-new" --save "$T/never.safetensors"
+# $SAVED was trained with --lr 0.001 and otherwise TRAIN's flags.
+for flag in "optimizer sgd" "lr 0.5" "seed 7" "loss mse"; do
+    expect_error 2 "--resume with conflicting --$flag" "${TRAIN[@]}" --lr 0.001 --resume "$SAVED" \
+        "--${flag/ /=}"
+    if ! grep -q -- "--${flag%% *}" "$T/err"; then bad "the error does not name --${flag%% *}" "$(cat "$T/err")"; fi
+done
+expect_error 2 "--resume with bad --layers" "${TRAIN[@]}" --layers 32:frob,10 --resume "$SAVED"
+expect_error 2 "--checkpoint-every without --checkpoint-dir" "${TRAIN[@]}" --checkpoint-every 3
+expect_error 2 "--keep without --checkpoint-dir" "${TRAIN[@]}" --keep 2
+expect_error 2 "--checkpoint-every 0" "${TRAIN[@]}" --checkpoint-dir "$T/ck-new" --checkpoint-every 0
+expect_error 2 "--checkpoint-every weekly" "${TRAIN[@]}" --checkpoint-dir "$T/ck-new" --checkpoint-every weekly
+expect_error 2 "--keep 0" "${TRAIN[@]}" --checkpoint-dir "$T/ck-new" --keep 0
+expect_error 2 "--save a directory" "${TRAIN[@]}" --epochs 1 --save "$T"
+expect_error 1 "--save into a missing directory" "${TRAIN[@]}" --epochs 1 --save "$T/no-such-dir/m.safetensors"
+expect_error 1 "--checkpoint-dir that is a file" "${TRAIN[@]}" --epochs 1 --checkpoint-dir "$SAVED"
+# A checkpoint that cannot be written stops training with an error (here a
+# directory stands where the second checkpoint would go).
+mkdir -p "$T/ck-fail/ckpt-000000000008.safetensors"
+run "${TRAIN[@]}" --devices cpu:2 --epochs 2 --batch 64 --checkpoint-dir "$T/ck-fail" \
+    --checkpoint-every 4 --save "$T/never.safetensors" --quiet
+if [[ $rc -eq 1 && $(lines "$T/err") -eq 1 ]] &&
+    grep -q '^castor: cannot write the checkpoint .*ckpt-000000000008.safetensors: .*step 8' "$T/err" &&
+    [[ "$(names "$T/ck-fail")" == "ckpt-000000000004.safetensors ckpt-000000000008.safetensors " ]]; then
+    ok "a checkpoint that cannot be written -> 1: $(head -c 100 "$T/err")"
+else
+    bad "a checkpoint that cannot be written: status $rc" "$(cat "$T/err"; ls -la "$T/ck-fail")"
+fi
+after=$(snapshot "$T/ck-empty" "$T/ck-bad" "$SAVED")
+if [[ "$before" == "$after" && ! -e "$T/ck-new" && ! -e "$T/never.safetensors" ]]; then
+    ok "the failed resumes and outputs changed nothing on disk"
+else
+    bad "the failed resumes changed files" \
+        "$(diff <(echo "$before") <(echo "$after"); ls -d "$T/ck-new" "$T/never.safetensors" 2>&1)"
+fi
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

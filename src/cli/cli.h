@@ -13,6 +13,8 @@
 
 int castor_cli_train(int argc, char **argv);
 int castor_cli_info(int argc, char **argv);
+int castor_cli_eval(int argc, char **argv);
+int castor_cli_predict(int argc, char **argv);
 /* Implemented in bench/; main.c dispatches to it only when built with
  * CASTOR_HAVE_BENCH. */
 int castor_cli_bench(int argc, char **argv);
@@ -21,5 +23,7 @@ int castor_cli_bench(int argc, char **argv);
 void castor_cli_usage(FILE *out);
 void castor_cli_train_usage(FILE *out);
 void castor_cli_info_usage(FILE *out);
+void castor_cli_eval_usage(FILE *out);
+void castor_cli_predict_usage(FILE *out);
 
 #endif

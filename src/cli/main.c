@@ -17,6 +17,8 @@ void castor_cli_usage(FILE *out)
             "\n"
             "commands:\n"
             "  train        train a model on an IDX data set and evaluate it on the test set\n"
+            "  eval         evaluate a saved model on the test set\n"
+            "  predict      print a saved model's predictions for the first test samples\n"
             "  info         show the version, the build's features, CPU cores and GPUs\n"
 #ifdef CASTOR_HAVE_BENCH
             "  bench        measure central storage against mirrored and the hardware limits\n"
@@ -56,6 +58,10 @@ static int help(int argc, char **argv)
         castor_cli_train_usage(stdout);
     else if (strcmp(cmd, "info") == 0)
         castor_cli_info_usage(stdout);
+    else if (strcmp(cmd, "eval") == 0)
+        castor_cli_eval_usage(stdout);
+    else if (strcmp(cmd, "predict") == 0)
+        castor_cli_predict_usage(stdout);
 #ifdef CASTOR_HAVE_BENCH
     else if (strcmp(cmd, "bench") == 0) {
         char *bench_argv[] = {(char *)"bench", (char *)"--help", NULL};
@@ -85,6 +91,10 @@ int main(int argc, char **argv)
         return castor_cli_train(sub_argc, sub_argv);
     if (strcmp(cmd, "info") == 0)
         return castor_cli_info(sub_argc, sub_argv);
+    if (strcmp(cmd, "eval") == 0)
+        return castor_cli_eval(sub_argc, sub_argv);
+    if (strcmp(cmd, "predict") == 0)
+        return castor_cli_predict(sub_argc, sub_argv);
 #ifdef CASTOR_HAVE_BENCH
     if (strcmp(cmd, "bench") == 0)
         return castor_cli_bench(sub_argc, sub_argv);

@@ -1,0 +1,310 @@
+/* Checkpoint files for the command line: see ckpt.h. */
+#include "ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cJSON.h>
+
+#define CKPT_PREFIX "ckpt-"
+#define CKPT_SUFFIX ".safetensors"
+#define CKPT_DIGITS 12
+/* The library refuses headers above this (src/safetensors.h); so do we. */
+#define CKPT_MAX_HEADER ((uint64_t)100 << 20)
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+int cli_ckpt_path(char *buf, size_t size, const char *dir, int64_t step)
+{
+    int n = snprintf(buf, size, "%s/" CKPT_PREFIX "%0*" PRId64 CKPT_SUFFIX, dir, CKPT_DIGITS,
+                     step);
+    return n < 0 || (size_t)n >= size ? -1 : 0;
+}
+
+/* The step of a name ckpt-<digits>.safetensors; -1 for any other name. With
+ * exact, only names of exactly CKPT_DIGITS digits (the ones we write). */
+static int64_t name_step(const char *name, int exact)
+{
+    size_t plen = strlen(CKPT_PREFIX), slen = strlen(CKPT_SUFFIX), len = strlen(name);
+    if (len <= plen + slen || strncmp(name, CKPT_PREFIX, plen) != 0 ||
+        strcmp(name + len - slen, CKPT_SUFFIX) != 0)
+        return -1;
+    size_t digits = len - plen - slen;
+    if (digits > 18 || (exact && digits != CKPT_DIGITS))
+        return -1;
+    int64_t step = 0;
+    for (size_t k = plen; k < plen + digits; k++) {
+        if (name[k] < '0' || name[k] > '9')
+            return -1;
+        step = step * 10 + (name[k] - '0');
+    }
+    return step;
+}
+
+static int is_regular(int dfd, const char *name)
+{
+    struct stat st;
+    return fstatat(dfd, name, &st, 0) == 0 && S_ISREG(st.st_mode);
+}
+
+int cli_ckpt_newest(const char *dir, char *buf, size_t size, char *err, size_t errlen)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return fail(err, errlen, "%s: %s", dir, strerror(errno));
+    int64_t best = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t step = name_step(e->d_name, 0);
+        if (step <= best || !is_regular(dirfd(d), e->d_name))
+            continue;
+        int n = snprintf(buf, size, "%s/%s", dir, e->d_name);
+        if (n < 0 || (size_t)n >= size) {
+            closedir(d);
+            return fail(err, errlen, "%s/%s: path too long", dir, e->d_name);
+        }
+        best = step;
+    }
+    closedir(d);
+    return best >= 0 ? 1 : 0;
+}
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int cli_ckpt_prune(const char *dir, int keep, const char *spare, char *err, size_t errlen)
+{
+    const char *spare_name = spare ? strrchr(spare, '/') : NULL;
+    spare_name = spare_name ? spare_name + 1 : spare;
+    DIR *d = opendir(dir);
+    if (!d)
+        return fail(err, errlen, "%s: %s", dir, strerror(errno));
+    char **names = NULL;
+    size_t count = 0, cap = 0;
+    int rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (name_step(e->d_name, 1) < 0 || !is_regular(dirfd(d), e->d_name))
+            continue;
+        if (count == cap) {
+            size_t ncap = cap ? 2 * cap : 16;
+            char **grown = realloc(names, ncap * sizeof *grown);
+            if (!grown) {
+                rc = fail(err, errlen, "out of memory listing %s", dir);
+                break;
+            }
+            names = grown;
+            cap = ncap;
+        }
+        if (!(names[count] = strdup(e->d_name))) {
+            rc = fail(err, errlen, "out of memory listing %s", dir);
+            break;
+        }
+        count++;
+    }
+    int deleted = 0;
+    if (rc == 0 && count > (size_t)keep) {
+        /* Names sort as the steps do: the oldest come first. */
+        qsort(names, count, sizeof *names, by_name);
+        for (size_t k = 0; k < count - (size_t)keep; k++) {
+            if (spare_name && strcmp(names[k], spare_name) == 0)
+                continue;
+            if (unlinkat(dirfd(d), names[k], 0) != 0 && errno != ENOENT)
+                rc = fail(err, errlen, "cannot delete the old checkpoint %s/%s: %s", dir,
+                          names[k], strerror(errno));
+            else
+                deleted++;
+        }
+    }
+    for (size_t k = 0; k < count; k++)
+        free(names[k]);
+    free(names);
+    closedir(d);
+    return rc ? rc : deleted;
+}
+
+int cli_mkdir_p(const char *dir, char *err, size_t errlen)
+{
+    char path[CLI_PATH_MAX];
+    int n = snprintf(path, sizeof path, "%s", dir);
+    if (n <= 0 || (size_t)n >= sizeof path)
+        return fail(err, errlen, "%s: path too long", dir);
+    /* Each parent in turn, then the directory itself. */
+    for (char *c = path + 1;; c++) {
+        if (*c != '/' && *c != '\0')
+            continue;
+        char keep = *c;
+        *c = '\0';
+        if (mkdir(path, 0777) != 0 && errno != EEXIST)
+            return fail(err, errlen, "cannot create the directory %s: %s", path,
+                        strerror(errno));
+        *c = keep;
+        if (keep == '\0')
+            break;
+        while (c[1] == '/')
+            c++;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return fail(err, errlen, "%s: %s", dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return fail(err, errlen, "%s exists and is not a directory", dir);
+    return 0;
+}
+
+/* ---- __metadata__ --------------------------------------------------------------- */
+
+static const char *meta_str(const cJSON *meta, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(meta, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static int meta_copy(const cJSON *meta, const char *key, char *dst, size_t size,
+                     const char *path, char *err, size_t errlen)
+{
+    const char *v = meta_str(meta, key);
+    if (!v)
+        return fail(err, errlen, "%s: __metadata__ has no '%s'", path, key);
+    if (strlen(v) >= size)
+        return fail(err, errlen, "%s: __metadata__ '%s' is too long", path, key);
+    memcpy(dst, v, strlen(v) + 1);
+    return 0;
+}
+
+static int meta_i64(const cJSON *meta, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                    const char *path, char *err, size_t errlen)
+{
+    const char *v = meta_str(meta, key);
+    char *end = NULL;
+    errno = 0;
+    long long x = v ? strtoll(v, &end, 10) : 0;
+    if (!v || end == v || *end != '\0' || errno == ERANGE || x < lo || x > hi)
+        return fail(err, errlen, "%s: __metadata__ '%s' is missing or not a whole number", path,
+                    key);
+    *out = (int64_t)x;
+    return 0;
+}
+
+static int meta_f(const cJSON *meta, const char *key, double *out, const char *path, char *err,
+                  size_t errlen)
+{
+    const char *v = meta_str(meta, key);
+    char *end = NULL;
+    double x = v ? strtod(v, &end) : 0.0;
+    if (!v || end == v || *end != '\0')
+        return fail(err, errlen, "%s: __metadata__ '%s' is missing or not a number", path, key);
+    *out = x;
+    return 0;
+}
+
+static int parse_meta(const cJSON *meta, cli_ckpt_meta *m, const char *path, char *err,
+                      size_t errlen)
+{
+    int64_t v;
+    if (meta_i64(meta, "input_features", 1, INT32_MAX, &v, path, err, errlen))
+        return -1;
+    m->input_features = (int)v;
+    if (meta_copy(meta, "layers", m->layers, sizeof m->layers, path, err, errlen) ||
+        meta_copy(meta, "loss", m->loss, sizeof m->loss, path, err, errlen) ||
+        meta_copy(meta, "optimizer", m->optimizer, sizeof m->optimizer, path, err, errlen) ||
+        meta_f(meta, "learning_rate", &m->learning_rate, path, err, errlen) ||
+        meta_f(meta, "momentum", &m->momentum, path, err, errlen) ||
+        meta_f(meta, "weight_decay", &m->weight_decay, path, err, errlen))
+        return -1;
+    if (meta_i64(meta, "nesterov", 0, 1, &v, path, err, errlen))
+        return -1;
+    m->nesterov = (int)v;
+    const char *seed = meta_str(meta, "seed");
+    char *end = NULL;
+    errno = 0;
+    unsigned long long s = seed && seed[0] >= '0' && seed[0] <= '9' ? strtoull(seed, &end, 10) : 0;
+    if (!seed || !end || *end != '\0' || errno == ERANGE)
+        return fail(err, errlen, "%s: __metadata__ 'seed' is missing or not a whole number",
+                    path);
+    m->seed = (uint64_t)s;
+    if (meta_i64(meta, "step", 0, INT64_MAX, &m->step, path, err, errlen) ||
+        meta_i64(meta, "epoch", 0, INT64_MAX, &m->epoch, path, err, errlen) ||
+        meta_i64(meta, "step_in_epoch", 0, INT64_MAX, &m->step_in_epoch, path, err, errlen) ||
+        meta_i64(meta, "epoch_batch", 0, INT32_MAX, &v, path, err, errlen))
+        return -1;
+    m->epoch_batch = (int)v;
+    /* Informational: absent or odd values are no reason to refuse the file. */
+    const char *s1 = meta_str(meta, "strategy"), *s2 = meta_str(meta, "devices");
+    snprintf(m->strategy, sizeof m->strategy, "%s", s1 ? s1 : "");
+    snprintf(m->devices, sizeof m->devices, "%s", s2 ? s2 : "");
+    m->replicas = meta_i64(meta, "replicas", 0, INT32_MAX, &v, path, err, errlen) ? 0 : (int)v;
+    err[0] = '\0';
+    return 0;
+}
+
+int cli_ckpt_read_meta(const char *path, cli_ckpt_meta *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return fail(err, errlen, "%s: %s", path, strerror(errno));
+    struct stat st;
+    unsigned char len8[8];
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 8 ||
+        pread(fd, len8, 8, 0) != 8) {
+        close(fd);
+        return fail(err, errlen, "%s: not a safetensors file", path);
+    }
+    uint64_t hlen = 0;
+    for (int k = 7; k >= 0; k--)
+        hlen = hlen << 8 | len8[k];
+    if (hlen == 0 || hlen > CKPT_MAX_HEADER || hlen > (uint64_t)st.st_size - 8) {
+        close(fd);
+        return fail(err, errlen, "%s: bad safetensors header length %" PRIu64, path, hlen);
+    }
+    char *text = malloc((size_t)hlen);
+    if (!text) {
+        close(fd);
+        return fail(err, errlen, "%s: out of memory for the header", path);
+    }
+    size_t got = 0;
+    while (got < hlen) {
+        ssize_t r = pread(fd, text + got, (size_t)hlen - got, (off_t)(8 + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got != hlen) {
+        free(text);
+        return fail(err, errlen, "%s: cannot read the header", path);
+    }
+    cJSON *root = cJSON_ParseWithLength(text, (size_t)hlen);
+    free(text);
+    const cJSON *meta = root ? cJSON_GetObjectItemCaseSensitive(root, "__metadata__") : NULL;
+    int rc;
+    if (!cJSON_IsObject(meta))
+        rc = fail(err, errlen, "%s: no __metadata__ in the safetensors header", path);
+    else
+        rc = parse_meta(meta, out, path, err, errlen);
+    cJSON_Delete(root);
+    return rc;
+}

@@ -1,0 +1,62 @@
+/*
+ * Checkpoint files as the command line handles them: names in a checkpoint
+ * directory, the newest one, pruning old ones, creating the directory, and
+ * the __metadata__ of a file (which the library has no getters for: the
+ * loss, the optimizer and its hyper-parameters, the seed, the batch size of
+ * the epoch in progress).
+ *
+ * Names: DIR/ckpt-<step as 12 digits>.safetensors, so that the lexical order
+ * of the names is the order of the steps (up to 10^12 steps). Pruning
+ * touches only names of exactly that form; any other file in DIR is left
+ * alone.
+ *
+ * Writing and validating a file is the library's job (castor_model_save,
+ * castor_model_open); cli_ckpt_read_meta is meant for a file the library
+ * has just opened, but checks every size itself all the same.
+ *
+ * Functions that can fail write one line into err (no "castor: " prefix)
+ * and return -1.
+ */
+#ifndef CASTOR_CLI_CKPT_H
+#define CASTOR_CLI_CKPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CLI_PATH_MAX 4096
+
+/* DIR/ckpt-<step>.safetensors into buf; -1 if it does not fit. */
+int cli_ckpt_path(char *buf, size_t size, const char *dir, int64_t step);
+
+/* The checkpoint with the largest step among DIR's regular files named
+ * ckpt-<digits>.safetensors: 1 and its path in buf, 0 when there is none,
+ * -1 when DIR cannot be read. */
+int cli_ckpt_newest(const char *dir, char *buf, size_t size, char *err, size_t errlen);
+
+/* Delete all but the newest `keep` checkpoints named as cli_ckpt_path names
+ * them, never the file `spare` (the one just written). Returns the number
+ * deleted, or -1 (err says which could not be). */
+int cli_ckpt_prune(const char *dir, int keep, const char *spare, char *err, size_t errlen);
+
+/* mkdir -p: create dir and its missing parents (mode 0777 less the umask);
+ * 0 if it is, or now is, a directory. */
+int cli_mkdir_p(const char *dir, char *err, size_t errlen);
+
+typedef struct cli_ckpt_meta {
+    int input_features;
+    char layers[512];     /* "128:relu,10:linear" */
+    char loss[16];        /* "softmax_xent" or "mse" */
+    char optimizer[16];   /* "sgd", "adam", "adamw" */
+    double learning_rate, momentum, weight_decay;
+    int nesterov;
+    uint64_t seed;
+    int64_t step, epoch, step_in_epoch;
+    int epoch_batch;      /* the batch size of the last epoch trained */
+    char strategy[32];    /* what wrote it: informational */
+    char devices[128];
+    int replicas;
+} cli_ckpt_meta;
+
+int cli_ckpt_read_meta(const char *path, cli_ckpt_meta *out, char *err, size_t errlen);
+
+#endif

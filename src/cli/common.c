@@ -1,0 +1,128 @@
+/* Pieces shared by train, eval and predict: see common.h. */
+#include "common.h"
+
+#include <cblas.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "args.h"
+
+const char *cli_data_dir(const char *data)
+{
+    if (strcmp(data, "fashion-mnist") != 0)
+        return data;
+    const char *env = getenv("CASTOR_FASHION_MNIST");
+    return env && env[0] ? env : CLI_DEFAULT_FASHION_MNIST;
+}
+
+/* Emulated CPU replicas named by a --devices list: "cpu" is one, "cpu:N" N;
+ * entries that do not parse are left for the library to reject. */
+static long cpu_replicas(const char *devices)
+{
+    long total = 0;
+    const char *s = devices;
+    while (s && *s) {
+        const char *end = strchr(s, ',');
+        size_t len = end ? (size_t)(end - s) : strlen(s);
+        if (len == 3 && strncmp(s, "cpu", 3) == 0) {
+            total += 1;
+        } else if (len > 4 && strncmp(s, "cpu:", 4) == 0) {
+            long n = 0;
+            size_t k = 4;
+            while (k < len && s[k] >= '0' && s[k] <= '9' && n < 1000000)
+                n = n * 10 + (s[k++] - '0');
+            if (k == len)
+                total += n;
+        }
+        s = end ? end + 1 : NULL;
+    }
+    return total;
+}
+
+int cli_blas_threads(const char *devices)
+{
+    long replicas = cpu_replicas(devices);
+    if (replicas <= 0 || getenv("OPENBLAS_NUM_THREADS"))
+        return 0;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    long threads = cores > 0 ? cores / replicas : 1;
+    if (threads < 1)
+        threads = 1;
+    if (threads > 1024)
+        threads = 1024;
+    /* OpenBLAS's pool is process-wide: every CPU replica's GEMMs at once with
+     * a thread per core each would oversubscribe the cores, so share them. */
+    openblas_set_num_threads((int)threads);
+    return (int)threads;
+}
+
+const char *cli_why(const char *msg, int rc)
+{
+    return msg && msg[0] ? msg : castor_errstr(rc);
+}
+
+const char *cli_about_file(const char *msg, const char *path)
+{
+    size_t n = strlen(path);
+    if (msg && strncmp(msg, path, n) == 0 && msg[n] == ':' && msg[n + 1] == ' ' && msg[n + 2])
+        return msg + n + 2;
+    return msg;
+}
+
+int cli_exit_for(int rc)
+{
+    return rc == CASTOR_INVALID || rc == CASTOR_MISMATCH ? CLI_EXIT_USAGE : CLI_EXIT_RUNTIME;
+}
+
+void cli_log_stderr(void *user, castor_log_level level, const char *message)
+{
+    (void)user;
+    static const char *const names[] = {"error", "warning", "info", "debug"};
+    if (level == CASTOR_LOG_ERROR)
+        return;
+    fprintf(stderr, "castor: %s: %s\n", (unsigned)level < 4 ? names[level] : "log",
+            message ? message : "");
+}
+
+int cli_one_hot_targets(castor_dataset **ds, int units, const char *which, const char *what)
+{
+    if (!*ds || !castor_dataset_labels(*ds))
+        return 0;
+    size_t n = castor_dataset_size(*ds);
+    const int32_t *labels = castor_dataset_labels(*ds);
+    for (size_t i = 0; i < n; i++) {
+        if (labels[i] < 0 || labels[i] >= units) {
+            cli_errorf("%s: the %s set has class %d but the last layer has %d units (one-hot "
+                       "targets need one per class)",
+                       what, which, (int)labels[i], units);
+            return CLI_EXIT_USAGE;
+        }
+    }
+    if (units <= 0 || n > SIZE_MAX / (size_t)units) {
+        cli_errorf("%s: the %s set is too large for one-hot targets", what, which);
+        return CLI_EXIT_RUNTIME;
+    }
+    float *targets = calloc(n * (size_t)units, sizeof *targets);
+    if (!targets && n > 0) {
+        cli_errorf("%s: out of memory for the %s set's one-hot targets", what, which);
+        return CLI_EXIT_RUNTIME;
+    }
+    for (size_t i = 0; i < n; i++)
+        targets[i * (size_t)units + (size_t)labels[i]] = 1.0f;
+    castor_dataset *copy = NULL;
+    int rc = castor_dataset_from_memory(&copy, castor_dataset_x(*ds), n,
+                                        castor_dataset_features(*ds), NULL, targets, units);
+    free(targets);
+    if (rc != CASTOR_OK) {
+        cli_errorf("%s: cannot make the %s set's one-hot targets: %s", what, which,
+                   cli_why(castor_dataset_errmsg(copy), rc));
+        castor_dataset_free(copy);
+        return CLI_EXIT_RUNTIME;
+    }
+    castor_dataset_free(*ds);
+    *ds = copy;
+    return 0;
+}

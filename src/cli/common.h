@@ -1,0 +1,48 @@
+/*
+ * Pieces shared by the commands that run a model (train, eval, predict):
+ * where the data lives, OpenBLAS's thread count, the library's log messages
+ * and one-hot targets for MSE models. Errors are printed here (one line,
+ * cli_errorf); the functions return an exit status, 0 to go on.
+ */
+#ifndef CASTOR_CLI_COMMON_H
+#define CASTOR_CLI_COMMON_H
+
+#include "castor.h"
+
+#define CLI_DEFAULT_FASHION_MNIST "/usr/share/datasets/fashion-mnist"
+
+/* The directory for --data: "fashion-mnist" is $CASTOR_FASHION_MNIST, or
+ * else CLI_DEFAULT_FASHION_MNIST; anything else is a directory. */
+const char *cli_data_dir(const char *data);
+
+/*
+ * When --devices names emulated CPU devices and OPENBLAS_NUM_THREADS is not
+ * set, give OpenBLAS cores / (CPU replicas) threads (at least one). Returns
+ * the count set, or 0 where it left OpenBLAS alone.
+ */
+int cli_blas_threads(const char *devices);
+
+/* The message, or the status's text where the handle has none. */
+const char *cli_why(const char *msg, int rc);
+
+/* The library's message about a file, less its leading "PATH: " (callers
+ * print the path with the flag that named it). */
+const char *cli_about_file(const char *msg, const char *path);
+
+/* Flags with a bad value and files that do not fit give usage errors (2);
+ * other failures runtime errors (1). */
+int cli_exit_for(int rc);
+
+/* A castor_log_fn for the commands without a progress display: warnings
+ * and info on stderr; errors are left to the caller, which prints the
+ * returned status's message once. user is unused. */
+void cli_log_stderr(void *user, castor_log_level level, const char *message);
+
+/*
+ * An MSE model regresses on one-hot targets, a unit per class: replace *ds
+ * (when it has labels) by a copy carrying them. what names the setting in
+ * the messages ("--loss mse", "--model m.safetensors").
+ */
+int cli_one_hot_targets(castor_dataset **ds, int units, const char *which, const char *what);
+
+#endif
