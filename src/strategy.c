@@ -301,8 +301,12 @@ int castor__runtime_ensure_rows(castor_model *m, int rows)
         return CASTOR_OK;
     for (int i = 0; i < rt->n; i++) {
         int rc = castor__replica_reserve(&rt->reps[i], m, per);
-        if (rc)
+        if (rc) {
+            /* A replica may have given up its old buffers: forget what the
+             * replicas hold so the next call reserves again for each. */
+            rt->rows_capacity = 0;
             return castor__model_fail(m, rc, "%s", rt->reps[i].dev->errmsg);
+        }
     }
     rt->rows_capacity = per;
     return CASTOR_OK;

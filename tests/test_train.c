@@ -327,3 +327,47 @@ Test(train, mse_regression_learns)
     castor_model_free(m);
     castor_strategy_free(s);
 }
+
+/* ---- a device allocation failing after the budget check ---- */
+
+#include "src/strategy.h"
+
+static int refuse_alloc(cdev *dev, size_t bytes, void **out)
+{
+    (void)bytes;
+    *out = NULL;
+    return cdev_fail(dev, CASTOR_DEVICE, "%s: injected allocation failure", dev->name);
+}
+
+Test(train, failed_grow_leaves_replicas_usable)
+{
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu:2", NULL), CASTOR_OK);
+    castor_model *m = NULL;
+    castor_model_create(&m, F);
+    castor_model_add_layers(m, "8:relu,3");
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 1), CASTOR_OK);
+    castor_dataset *ds = synthetic(6);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.batch_size = 8;
+    fo.max_steps = 1;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m));
+
+    /* Replica 1's device refuses the larger buffers that a bigger batch needs. */
+    cdev *dev1 = s->devs[1];
+    const cdev_iface *real = dev1->iface;
+    cdev_iface failing = *real;
+    failing.alloc = refuse_alloc;
+    dev1->iface = &failing;
+    fo.batch_size = 64;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_DEVICE);
+    cr_assert(strstr(castor_model_errmsg(m), "injected"), "%s", castor_model_errmsg(m));
+    dev1->iface = real;
+
+    /* The small batch that worked before must work again. */
+    fo.batch_size = 8;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m));
+    castor_dataset_free(ds);
+    castor_model_free(m);
+    castor_strategy_free(s);
+}
