@@ -114,7 +114,8 @@ static int evaluate(castor_model *m, const castor_dataset *ds, int batch, castor
         int n = (int)((ds->n - first) < (size_t)rows ? ds->n - first : (size_t)rows);
         castor__batch b = gather(&st, ds, NULL, first, n);
         castor__batch_stats s;
-        rc = castor__forward_batch(m, &b, NULL, &s);
+        if ((rc = castor__forward_batch(m, &b, NULL, &s)))
+            break;
         loss += s.loss_sum;
         correct += s.correct;
     }
