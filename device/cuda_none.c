@@ -12,15 +12,18 @@ int cdev_cuda_create(int ordinal, int logical, size_t budget, int tf32, cdev **o
                      size_t errlen)
 {
     (void)ordinal, (void)logical, (void)budget, (void)tf32;
-    *out = NULL;
-    snprintf(err, errlen, "this castor was built without CUDA (nvcc was not found at build time)");
+    if (out)
+        *out = NULL;
+    if (err && errlen)
+        snprintf(err, errlen,
+                 "this castor was built without CUDA (nvcc was not found at build time)");
     return CASTOR_UNSUPPORTED;
 }
 
 int cdev_cuda_count(const char **why)
 {
     if (why)
-        *why = "this castor was built without CUDA";
+        *why = "built without CUDA";
     return 0;
 }
 

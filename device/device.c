@@ -15,16 +15,25 @@ int cdev_fail(cdev *dev, int code, const char *fmt, ...)
 
 int cdev_alloc(cdev *dev, size_t bytes, void **d_out)
 {
+    if (!dev)
+        return CASTOR_MISUSE;
+    if (!d_out)
+        return cdev_fail(dev, CASTOR_MISUSE, "%s: cdev_alloc without a place for the pointer",
+                         dev->name);
     *d_out = NULL;
     /* Checked before asking the backend, so the emulated device refuses
-     * exactly where a GPU of that size would. */
+     * exactly where a GPU of that size would; written as a subtraction so
+     * that a huge request cannot wrap the sum round. */
     if (bytes > dev->budget || dev->used > dev->budget - bytes)
         return cdev_fail(dev, CASTOR_DEVICE_MEMORY,
-                         "%s: out of device memory: %zu bytes asked, %zu held, budget %zu bytes",
+                         "%s: out of device memory: need %zu more bytes, %zu held, budget %zu "
+                         "bytes",
                          dev->name, bytes, dev->used, dev->budget);
     int rc = dev->iface->alloc(dev, bytes, d_out);
-    if (rc)
+    if (rc) {
+        *d_out = NULL;
         return rc;
+    }
     dev->used += bytes;
     if (dev->used > dev->peak)
         dev->peak = dev->used;
@@ -36,6 +45,8 @@ void cdev_free(cdev *dev, void *d_ptr, size_t bytes)
     if (!dev || !d_ptr)
         return;
     dev->iface->release(dev, d_ptr);
+    /* A wrong size from a caller must not wrap `used` round to a huge
+     * number that would refuse every later allocation. */
     dev->used -= bytes <= dev->used ? bytes : dev->used;
 }
 
@@ -45,12 +56,12 @@ void cdev_destroy(cdev *dev)
         dev->iface->destroy(dev);
 }
 
-int castor_cuda_device_count(const char **why)
+CASTOR_API int castor_cuda_device_count(const char **why)
 {
     return cdev_cuda_count(why);
 }
 
-int castor_cuda_device_info(int ordinal, castor_device_info *info)
+CASTOR_API int castor_cuda_device_info(int ordinal, castor_device_info *info)
 {
     if (!info)
         return CASTOR_MISUSE;

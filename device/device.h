@@ -146,6 +146,8 @@ void cdev_destroy(cdev *dev);
 
 /* An emulated device on the host, doing GEMM with OpenBLAS. */
 int cdev_cpu_create(int ordinal, size_t budget, cdev **out, char *err, size_t errlen);
+/* Threads OpenBLAS will use for one GEMM (process-wide, read only). */
+int cdev_cpu_blas_threads(void);
 
 /* Whether the CUDA backend is compiled in. */
 int cdev_cuda_compiled(void);

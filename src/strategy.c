@@ -186,6 +186,24 @@ static int open_devices(castor_strategy *s, const char *spec)
     return CASTOR_OK;
 }
 
+/* Emulated replicas each run OpenBLAS GEMMs at once; with OpenBLAS's own
+ * threads on top they oversubscribe the cores (measured 2-3x slower on 2
+ * cores). OpenBLAS's thread count is process-wide and the application's to
+ * set, so the library only says so. */
+static void warn_blas_oversubscription(const castor_strategy *s)
+{
+    int cpu_replicas = 0;
+    for (int i = 0; i < s->n_replicas; i++)
+        cpu_replicas += strcmp(s->devs[i]->iface->backend, "cpu") == 0;
+    int threads = cpu_replicas ? cdev_cpu_blas_threads() : 0;
+    int cores = castor__cpu_count();
+    if (cpu_replicas > 1 && threads > 1 && threads * cpu_replicas > cores)
+        castor__log(s, CASTOR_LOG_WARN,
+                    "%d emulated replicas x %d OpenBLAS threads on %d cores oversubscribe the CPU; "
+                    "set OPENBLAS_NUM_THREADS=%d (or call openblas_set_num_threads) for speed",
+                    cpu_replicas, threads, cores, cores / cpu_replicas > 0 ? cores / cpu_replicas : 1);
+}
+
 int castor_strategy_create(castor_strategy **out, castor_strategy_kind kind, const char *devices,
                            const castor_strategy_options *options)
 {
@@ -216,6 +234,7 @@ int castor_strategy_create(castor_strategy **out, castor_strategy_kind kind, con
         return strategy_fail(s, rc, "cannot start %d host threads", threads);
     castor__log(s, CASTOR_LOG_INFO, "%s strategy on %d replica(s): %s",
                 castor_strategy_kind_name(kind), s->n_replicas, s->devices_spec);
+    warn_blas_oversubscription(s);
     return CASTOR_OK;
 }
 

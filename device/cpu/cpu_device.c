@@ -7,7 +7,13 @@
  * Work runs synchronously on the calling (replica) thread when it is
  * queued, so every stream is always idle and events are complete as soon as
  * they are recorded. GEMM goes to OpenBLAS; the element-wise kernels are
- * plain loops with the arithmetic the CUDA kernels use.
+ * plain loops with the arithmetic the CUDA kernels use (device/cuda/
+ * kernels.cu copies these expressions term for term, so change both or
+ * neither).
+ *
+ * OpenBLAS's thread count is process-wide and left alone here: several
+ * replicas calling a multi-threaded OpenBLAS at once oversubscribe the
+ * cores, which is why the CLI sets it (src/cli/common.c, cli_blas_threads).
  */
 #include <cblas.h>
 #include <math.h>
@@ -28,6 +34,19 @@ static int bad_args(cdev *dev, const char *op)
                      dev->name, op);
 }
 
+/* A GPU backend would hand an unknown stream to the driver and fail there;
+ * refusing it here keeps code tested only on CPU devices honest. */
+static int bad_stream(cdev *dev, const char *op, int stream)
+{
+    return cdev_fail(dev, CASTOR_MISUSE, "%s: %s on stream %d, which does not exist (0..%d)",
+                     dev->name, op, stream, CDEV_NUM_STREAMS - 1);
+}
+
+static int stream_ok(int stream)
+{
+    return stream >= 0 && stream < CDEV_NUM_STREAMS;
+}
+
 static void cpu_destroy(cdev *dev)
 {
     free(dev);
@@ -35,12 +54,18 @@ static void cpu_destroy(cdev *dev)
 
 static int cpu_alloc(cdev *dev, size_t bytes, void **d_out)
 {
-    /* 64-byte aligned and rounded up, so vector loops never straddle. */
+    /* Aligned as cudaMalloc memory is (at least 64 bytes), so SIMD loads behave
+     * alike; aligned_alloc wants the size rounded to the alignment. */
+    if (bytes > SIZE_MAX - 63)
+        return cdev_fail(dev, CASTOR_DEVICE_MEMORY, "%s: %zu bytes cannot be allocated",
+                         dev->name, bytes);
     size_t rounded = (bytes + 63) / 64 * 64;
     void *p = aligned_alloc(64, rounded ? rounded : 64);
     if (!p)
-        return cdev_fail(dev, CASTOR_NOMEM, "%s: host memory for %zu bytes of emulated device "
-                         "memory is not available", dev->name, bytes);
+        return cdev_fail(dev, CASTOR_NOMEM,
+                         "%s: host memory for %zu bytes of emulated device memory is not "
+                         "available",
+                         dev->name, bytes);
     *d_out = p;
     return CASTOR_OK;
 }
@@ -53,7 +78,8 @@ static void cpu_release(cdev *dev, void *d_ptr)
 
 static int cpu_memset0(cdev *dev, int stream, void *d_dst, size_t bytes)
 {
-    (void)stream;
+    if (!stream_ok(stream))
+        return bad_stream(dev, "memset0", stream);
     if (!d_dst && bytes)
         return bad_args(dev, "memset0");
     if (bytes)
@@ -61,20 +87,39 @@ static int cpu_memset0(cdev *dev, int stream, void *d_dst, size_t bytes)
     return CASTOR_OK;
 }
 
-static int cpu_copy(cdev *dev, int stream, void *dst, const void *src, size_t bytes)
+static int copy(cdev *dev, const char *op, int stream, void *dst, const void *src, size_t bytes)
 {
-    (void)stream;
+    if (!stream_ok(stream))
+        return bad_stream(dev, op, stream);
     if ((!dst || !src) && bytes)
-        return bad_args(dev, "copy");
+        return bad_args(dev, op);
     if (bytes)
-        memcpy(dst, src, bytes);
+        memcpy(dst, src, bytes);  /* overlap is a caller bug, as on CUDA; ASan reports it */
     return CASTOR_OK;
+}
+
+static int cpu_copy_h2d(cdev *dev, int stream, void *d_dst, const void *h_src, size_t bytes)
+{
+    return copy(dev, "copy_h2d", stream, d_dst, h_src, bytes);
+}
+
+static int cpu_copy_d2h(cdev *dev, int stream, void *h_dst, const void *d_src, size_t bytes)
+{
+    return copy(dev, "copy_d2h", stream, h_dst, d_src, bytes);
+}
+
+static int cpu_copy_d2d(cdev *dev, int stream, void *d_dst, const void *d_src, size_t bytes)
+{
+    return copy(dev, "copy_d2d", stream, d_dst, d_src, bytes);
 }
 
 static int cpu_event_create(cdev *dev, cdev_event **out)
 {
+    if (!out)
+        return bad_args(dev, "event_create");
     *out = calloc(1, sizeof **out);
-    return *out ? CASTOR_OK : cdev_fail(dev, CASTOR_NOMEM, "%s: out of memory", dev->name);
+    return *out ? CASTOR_OK
+                : cdev_fail(dev, CASTOR_NOMEM, "%s: no host memory for an event", dev->name);
 }
 
 static void cpu_event_destroy(cdev *dev, cdev_event *ev)
@@ -85,15 +130,23 @@ static void cpu_event_destroy(cdev *dev, cdev_event *ev)
 
 static int cpu_event_record(cdev *dev, cdev_event *ev, int stream)
 {
-    (void)dev, (void)stream;
+    if (!stream_ok(stream))
+        return bad_stream(dev, "event_record", stream);
+    if (!ev)
+        return bad_args(dev, "event_record");
     ev->recorded = 1;
     return CASTOR_OK;
 }
 
 static int cpu_stream_wait(cdev *dev, int stream, cdev_event *ev)
 {
-    (void)dev, (void)stream, (void)ev;
-    return CASTOR_OK;  /* work ran when it was queued */
+    if (!stream_ok(stream))
+        return bad_stream(dev, "stream_wait", stream);
+    /* Waiting on an event never recorded is legal on CUDA (a no-op), so
+     * only its existence is checked; the work it marks ran when queued. */
+    if (!ev)
+        return bad_args(dev, "stream_wait");
+    return CASTOR_OK;
 }
 
 static int cpu_synchronize(cdev *dev)
@@ -108,8 +161,19 @@ static int cpu_gemm(cdev *dev, int trans_a, int trans_b, int m, int n, int k, fl
 {
     if (!a || !b || !c || m < 0 || n < 0 || k < 0)
         return bad_args(dev, "gemm");
+    /* OpenBLAS answers a short leading dimension by printing to stdout
+     * (xerbla) and returning, which a library must not do: refuse it first. */
+    int a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
+    if (lda < (a_cols > 1 ? a_cols : 1) || ldb < (b_cols > 1 ? b_cols : 1) ||
+        ldc < (n > 1 ? n : 1))
+        return cdev_fail(dev, CASTOR_MISUSE,
+                         "%s: gemm %c%c m %d n %d k %d with lda %d ldb %d ldc %d: a leading "
+                         "dimension is shorter than its row",
+                         dev->name, trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, lda, ldb,
+                         ldc);
     if (m == 0 || n == 0)
         return CASTOR_OK;
+    /* k == 0 is left to BLAS, which defines it as C = beta * C. */
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
                 ldc);
@@ -141,6 +205,11 @@ static int cpu_bias_grad(cdev *dev, const float *dy, float *db, int rows, int co
     return CASTOR_OK;
 }
 
+static int unknown_act(cdev *dev, castor_activation act)
+{
+    return cdev_fail(dev, CASTOR_INVALID, "%s: unknown activation %d", dev->name, (int)act);
+}
+
 static int cpu_act_forward(cdev *dev, castor_activation act, float *y, size_t n)
 {
     if (!y && n)
@@ -161,7 +230,7 @@ static int cpu_act_forward(cdev *dev, castor_activation act, float *y, size_t n)
     case CASTOR_ACT_LINEAR:
         break;
     default:
-        return cdev_fail(dev, CASTOR_INVALID, "%s: unknown activation %d", dev->name, (int)act);
+        return unknown_act(dev, act);
     }
     return CASTOR_OK;
 }
@@ -186,7 +255,7 @@ static int cpu_act_backward(cdev *dev, castor_activation act, const float *y, fl
     case CASTOR_ACT_LINEAR:
         break;
     default:
-        return cdev_fail(dev, CASTOR_INVALID, "%s: unknown activation %d", dev->name, (int)act);
+        return unknown_act(dev, act);
     }
     return CASTOR_OK;
 }
@@ -199,10 +268,13 @@ static int cpu_softmax_xent(cdev *dev, const float *logits, const int32_t *label
     for (int r = 0; r < rows; r++) {
         const float *l = logits + (size_t)r * (size_t)cols;
         int label = labels[r];
+        /* The host checks labels when a dataset is made; reading outside the
+         * row for a bad one would be worse than refusing it. */
         if (label < 0 || label >= cols)
-            return cdev_fail(dev, CASTOR_INVALID, "%s: label %d outside 0..%d", dev->name, label,
-                             cols - 1);
-        /* Subtracting the row maximum keeps exp in range for any logits. */
+            return cdev_fail(dev, CASTOR_INVALID, "%s: softmax_xent: row %d has label %d, "
+                             "outside 0..%d", dev->name, r, label, cols - 1);
+        /* Subtracting the row maximum keeps every exp in (0, 1], so no logit
+         * overflows it; '>' keeps the first maximum, the interface's argmax. */
         int best = 0;
         for (int c = 1; c < cols; c++)
             if (l[c] > l[best])
@@ -211,7 +283,9 @@ static int cpu_softmax_xent(cdev *dev, const float *logits, const int32_t *label
         for (int c = 0; c < cols; c++)
             sum += expf(l[c] - mx);
         float log_sum = logf(sum);
-        row_stats[2 * r] = log_sum + mx - l[label];
+        /* mx - l[label] first: two nearby large logits subtract exactly,
+         * where (log_sum + mx) would round log_sum away at |logit| ~ 1e4. */
+        row_stats[2 * r] = log_sum + (mx - l[label]);
         row_stats[2 * r + 1] = best == label ? 1.0f : 0.0f;
         if (dlogits) {
             float *d = dlogits + (size_t)r * (size_t)cols;
@@ -227,6 +301,7 @@ static int cpu_mse(cdev *dev, const float *pred, const float *target, int rows, 
 {
     if (!pred || !target || !row_stats || rows < 0 || cols <= 0)
         return bad_args(dev, "mse");
+    /* One factor for every element, as the CUDA launcher passes it. */
     float g = grad_scale * 2.0f / (float)cols;
     for (int r = 0; r < rows; r++) {
         const float *p = pred + (size_t)r * (size_t)cols;
@@ -258,6 +333,16 @@ static int cpu_optimizer_step(cdev *dev, const castor_optimizer *opt, float *par
 {
     if (!opt || ((!params || !grads) && n))
         return bad_args(dev, "optimizer_step");
+    if (opt->kind != CASTOR_OPT_SGD && opt->kind != CASTOR_OPT_ADAM &&
+        opt->kind != CASTOR_OPT_ADAMW)
+        return cdev_fail(dev, CASTOR_INVALID, "%s: unknown optimizer kind %d", dev->name,
+                         (int)opt->kind);
+    if (castor__optim_slots(opt) > 0 && !state && n)
+        return cdev_fail(dev, CASTOR_MISUSE, "%s: %s needs optimizer state on the device",
+                         dev->name, castor_optimizer_kind_name(opt->kind));
+    if (step < 1)
+        return cdev_fail(dev, CASTOR_MISUSE, "%s: optimizer step %lld (steps count from 1)",
+                         dev->name, (long long)step);
     /* The host optimizer's own code, so mirrored and central agree bit for bit. */
     castor__optim_apply_range(opt, params, grads, state, n, step, 0, n);
     return CASTOR_OK;
@@ -269,9 +354,9 @@ static const cdev_iface cpu_iface = {
     .alloc = cpu_alloc,
     .release = cpu_release,
     .memset0 = cpu_memset0,
-    .copy_h2d = cpu_copy,
-    .copy_d2h = cpu_copy,
-    .copy_d2d = cpu_copy,
+    .copy_h2d = cpu_copy_h2d,
+    .copy_d2h = cpu_copy_d2h,
+    .copy_d2d = cpu_copy_d2d,
     .event_create = cpu_event_create,
     .event_destroy = cpu_event_destroy,
     .event_record = cpu_event_record,
@@ -290,10 +375,21 @@ static const cdev_iface cpu_iface = {
 
 int cdev_cpu_create(int ordinal, size_t budget, cdev **out, char *err, size_t errlen)
 {
+    if (!out) {
+        if (err && errlen)
+            snprintf(err, errlen, "cdev_cpu_create: out is NULL");
+        return CASTOR_MISUSE;
+    }
     *out = NULL;
+    if (ordinal < 0) {
+        if (err && errlen)
+            snprintf(err, errlen, "cpu:%d: a device number is 0 or more", ordinal);
+        return CASTOR_INVALID;
+    }
     cdev *dev = calloc(1, sizeof *dev);
     if (!dev) {
-        snprintf(err, errlen, "out of memory creating cpu:%d", ordinal);
+        if (err && errlen)
+            snprintf(err, errlen, "cpu:%d: no host memory for the device", ordinal);
         return CASTOR_NOMEM;
     }
     dev->iface = &cpu_iface;
@@ -302,4 +398,9 @@ int cdev_cpu_create(int ordinal, size_t budget, cdev **out, char *err, size_t er
     snprintf(dev->name, sizeof dev->name, "cpu:%d", ordinal);
     *out = dev;
     return CASTOR_OK;
+}
+
+int cdev_cpu_blas_threads(void)
+{
+    return openblas_get_num_threads();
 }
