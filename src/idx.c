@@ -32,12 +32,6 @@
 
 _Static_assert(sizeof(float) == 4, "float32 elements are copied bit for bit");
 
-static const char *errtext(int e, char *buf, size_t len)
-{
-    /* GNU strerror_r: thread-safe, returns the text, maybe in buf. */
-    return strerror_r(e, buf, len);
-}
-
 static size_t elem_size(int type)
 {
     switch (type) {
@@ -205,7 +199,7 @@ static long read_full(gzFile gz, const char *path, void *buf, size_t len, int *r
     if (zcode == Z_ERRNO) {
         char ebuf[128];
         castor__errf(err, errlen, "%s: read error: %s", path,
-                     errtext(saved_errno, ebuf, sizeof ebuf));
+                     castor__strerror(saved_errno, ebuf, sizeof ebuf));
         *rc = CASTOR_IO;
     } else if (zcode == Z_MEM_ERROR) {
         castor__errf(err, errlen, "%s: out of memory decompressing", path);
@@ -310,12 +304,12 @@ int castor__idx_read(const char *path, size_t max_count, castor__idx *out, char 
     char ebuf[128];
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        castor__errf(err, errlen, "%s: cannot open: %s", path, errtext(errno, ebuf, sizeof ebuf));
+        castor__errf(err, errlen, "%s: cannot open: %s", path, castor__strerror(errno, ebuf, sizeof ebuf));
         return CASTOR_IO;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        castor__errf(err, errlen, "%s: cannot stat: %s", path, errtext(errno, ebuf, sizeof ebuf));
+        castor__errf(err, errlen, "%s: cannot stat: %s", path, castor__strerror(errno, ebuf, sizeof ebuf));
         close(fd);
         return CASTOR_IO;
     }

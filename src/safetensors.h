@@ -26,6 +26,16 @@
 #define CASTOR__ST_MAX_HEADER ((uint64_t)100 << 20)
 /* Tensors of higher rank are refused. */
 #define CASTOR__ST_MAX_RANK 8
+/* 2^53: integers above it are not exact in a JSON number (a double). */
+#define CASTOR__ST_JSON_MAX_EXACT 9007199254740992.0
+
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+               "safetensors data is little-endian; this reads and writes it in place");
+_Static_assert(sizeof(float) == 4, "F32 is a 4-byte IEEE float");
+
+/* Whether s[0..len) is valid UTF-8 with no NUL; else *bad = first bad offset.
+ * Shared by the reader (header text) and the writer (names and metadata). */
+int castor__st_utf8_ok(const unsigned char *s, size_t len, size_t *bad);
 
 typedef struct castor__st_tensor {
     char *name;                        /* NUL-terminated, no NUL inside */

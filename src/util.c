@@ -2,6 +2,7 @@
 
 #include <stdarg.h>
 #include <stdint.h>
+#include <string.h>
 #include <stdio.h>
 #include <time.h>
 
@@ -28,4 +29,9 @@ int castor__mul_ok(size_t a, size_t b, size_t *out)
         return 0;
     *out = a * b;
     return 1;
+}
+
+const char *castor__strerror(int e, char *buf, size_t len)
+{
+    return strerror_r(e, buf, len);
 }

@@ -1,5 +1,5 @@
 /*
- * libFuzzer harness: the safetensors parser (src/safetensors.c) on bytes in
+ * libFuzzer harness: the safetensors parser (src/safetensors_read.c) on bytes in
  * memory. Whatever it accepts must be safe to index: every tensor's bytes are
  * read (ASan checks the bounds) and the format's invariants are asserted.
  */

@@ -1,6 +1,6 @@
-/* safetensors: an untrusting reader and an atomic writer (see safetensors.h). */
+/* safetensors: the untrusting reader (parse and validate; read a file). See safetensors.h. */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE  /* mkostemp, GNU strerror_r: also when built alone (tests/fuzz) */
+#define _GNU_SOURCE  /* GNU strerror_r: also when built alone (tests/fuzz) */
 #endif
 #include "safetensors.h"
 
@@ -17,25 +17,9 @@
 #include "castor.h"
 #include "util.h"
 
-_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
-               "safetensors data is little-endian; castor copies floats as they are in memory");
-_Static_assert(sizeof(float) == 4, "F32 is a 4-byte IEEE float");
-
-/* The largest integer a JSON number (a double in cJSON) holds exactly. */
-#define JSON_MAX_EXACT 9007199254740992.0
-
-static const char *errtext(int e, char *buf, size_t len)
-{
-    /* GNU strerror_r: returns the text, maybe in buf. */
-    return strerror_r(e, buf, len);
-}
-
 /* ---- UTF-8 ---------------------------------------------------------------- */
 
-/* Is s[0..len) well-formed UTF-8 (no overlongs, no surrogates, <= U+10FFFF)?
- * NUL bytes are refused too: names and values become C strings. On failure
- * *bad is the offset of the first bad byte. */
-static int utf8_ok(const unsigned char *s, size_t len, size_t *bad)
+int castor__st_utf8_ok(const unsigned char *s, size_t len, size_t *bad)
 {
     size_t i = 0;
     while (i < len) {
@@ -101,7 +85,7 @@ static int json_size(const cJSON *v, size_t *out)
     if (!cJSON_IsNumber(v))
         return 0;
     double d = v->valuedouble;
-    if (!(d >= 0.0) || d > JSON_MAX_EXACT || d != floor(d) || d > (double)SIZE_MAX)
+    if (!(d >= 0.0) || d > CASTOR__ST_JSON_MAX_EXACT || d != floor(d) || d > (double)SIZE_MAX)
         return 0;
     *out = (size_t)d;
     return 1;
@@ -442,7 +426,7 @@ int castor__st_parse(const unsigned char *bytes, size_t len, const char *name,
         return CASTOR_FORMAT;
     }
     size_t bad;
-    if (!utf8_ok(header, n, &bad)) {
+    if (!castor__st_utf8_ok(header, n, &bad)) {
         castor__errf(err, errlen, "%s: the header is not valid UTF-8 (byte %zu of it)", name,
                      bad);
         return CASTOR_FORMAT;
@@ -497,12 +481,12 @@ int castor__st_read(const char *path, castor__st_file *out, char *err, size_t er
     }
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        castor__errf(err, errlen, "%s: cannot open: %s", path, errtext(errno, eb, sizeof eb));
+        castor__errf(err, errlen, "%s: cannot open: %s", path, castor__strerror(errno, eb, sizeof eb));
         return CASTOR_IO;
     }
     struct stat st;
     if (fstat(fd, &st) != 0) {
-        castor__errf(err, errlen, "%s: cannot stat: %s", path, errtext(errno, eb, sizeof eb));
+        castor__errf(err, errlen, "%s: cannot stat: %s", path, castor__strerror(errno, eb, sizeof eb));
         close(fd);
         return CASTOR_IO;
     }
@@ -541,7 +525,7 @@ int castor__st_read(const char *path, castor__st_file *out, char *err, size_t er
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0) {
-            castor__errf(err, errlen, "%s: read failed: %s", path, errtext(errno, eb, sizeof eb));
+            castor__errf(err, errlen, "%s: read failed: %s", path, castor__strerror(errno, eb, sizeof eb));
             free(buf);
             close(fd);
             return CASTOR_IO;
@@ -580,302 +564,4 @@ const char *castor__st_meta_get(const castor__st_file *f, const char *key)
         if (strcmp(f->meta[i].key, key) == 0)
             return f->meta[i].value;
     return NULL;
-}
-
-/* ---- writing --------------------------------------------------------------- */
-
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->cap - b->len < n + 1) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap - b->len < n + 1) {
-            if (cap > SIZE_MAX / 2) {
-                b->oom = 1;
-                return;
-            }
-            cap *= 2;
-        }
-        char *grown = realloc(b->p, cap);
-        if (!grown) {
-            b->oom = 1;
-            return;
-        }
-        b->p = grown;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void sb_str(sbuf *b, const char *s)
-{
-    sb_put(b, s, strlen(s));
-}
-
-static void sb_size(sbuf *b, size_t v)
-{
-    char num[32];
-    int w = snprintf(num, sizeof num, "%zu", v);
-    sb_put(b, num, (size_t)w);
-}
-
-/* A JSON string: quotes, backslashes and control characters escaped; the
- * rest (checked UTF-8) as it is. */
-static void sb_json_str(sbuf *b, const char *s)
-{
-    sb_put(b, "\"", 1);
-    for (const char *p = s; *p; p++) {
-        unsigned char c = (unsigned char)*p;
-        if (c == '"' || c == '\\') {
-            char esc[2] = {'\\', (char)c};
-            sb_put(b, esc, 2);
-        } else if (c < 0x20) {
-            char esc[8];
-            snprintf(esc, sizeof esc, "\\u%04x", c);
-            sb_put(b, esc, 6);
-        } else {
-            sb_put(b, p, 1);
-        }
-    }
-    sb_put(b, "\"", 1);
-}
-
-static int write_all(int fd, const void *data, size_t len)
-{
-    const unsigned char *p = data;
-    while (len) {
-        size_t chunk = len > ((size_t)1 << 30) ? ((size_t)1 << 30) : len;
-        ssize_t w = write(fd, p, chunk);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return -1;
-        if (w == 0) {
-            errno = EIO;
-            return -1;
-        }
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
-/* Build the header; fills *header (padded so that 8 + length is a multiple
- * of 8) and *data_len. */
-static int build_header(const char *path, const castor__st_out *tensors, size_t n_tensors,
-                        const castor__st_kv *meta, size_t n_meta, sbuf *hb, size_t *data_len,
-                        char *err, size_t errlen)
-{
-    size_t bad;
-    sb_str(hb, "{");
-    int first = 1;
-    if (n_meta) {
-        sb_str(hb, "\"__metadata__\":{");
-        for (size_t i = 0; i < n_meta; i++) {
-            if (!meta[i].key || !meta[i].value ||
-                !utf8_ok((const unsigned char *)meta[i].key, strlen(meta[i].key), &bad) ||
-                !utf8_ok((const unsigned char *)meta[i].value, strlen(meta[i].value), &bad)) {
-                castor__errf(err, errlen, "%s: metadata entry %zu is missing or not UTF-8", path,
-                             i);
-                return CASTOR_INVALID;
-            }
-            if (i)
-                sb_str(hb, ",");
-            sb_json_str(hb, meta[i].key);
-            sb_str(hb, ":");
-            sb_json_str(hb, meta[i].value);
-        }
-        sb_str(hb, "}");
-        first = 0;
-    }
-    size_t offset = 0;
-    for (size_t i = 0; i < n_tensors; i++) {
-        const castor__st_out *t = &tensors[i];
-        if (!t->name || !*t->name || strcmp(t->name, "__metadata__") == 0 ||
-            !utf8_ok((const unsigned char *)t->name, strlen(t->name), &bad) || t->rank < 0 ||
-            t->rank > CASTOR__ST_MAX_RANK) {
-            castor__errf(err, errlen, "%s: tensor %zu has a bad name or rank", path, i);
-            return CASTOR_INVALID;
-        }
-        size_t count = 1, bytes, end;
-        for (int d = 0; d < t->rank; d++)
-            if (!castor__mul_ok(count, t->shape[d], &count)) {
-                castor__errf(err, errlen, "%s: tensor %s is too large", path, t->name);
-                return CASTOR_INVALID;
-            }
-        if (!castor__mul_ok(count, sizeof(float), &bytes) || (end = offset + bytes) < offset ||
-            (double)end > JSON_MAX_EXACT || (count && !t->data)) {
-            castor__errf(err, errlen, "%s: tensor %s is too large or has no data", path,
-                         t->name);
-            return CASTOR_INVALID;
-        }
-        if (!first)
-            sb_str(hb, ",");
-        first = 0;
-        sb_json_str(hb, t->name);
-        sb_str(hb, ":{\"dtype\":\"F32\",\"shape\":[");
-        for (int d = 0; d < t->rank; d++) {
-            if (d)
-                sb_str(hb, ",");
-            sb_size(hb, t->shape[d]);
-        }
-        sb_str(hb, "],\"data_offsets\":[");
-        sb_size(hb, offset);
-        sb_str(hb, ",");
-        sb_size(hb, end);
-        sb_str(hb, "]}");
-        offset = end;
-    }
-    sb_str(hb, "}");
-    while (!hb->oom && (8 + hb->len) % 8)
-        sb_str(hb, " ");
-    if (hb->oom) {
-        castor__errf(err, errlen, "%s: out of memory for the header", path);
-        return CASTOR_NOMEM;
-    }
-    *data_len = offset;
-    return CASTOR_OK;
-}
-
-int castor__st_write(const char *path, const castor__st_out *tensors, size_t n_tensors,
-                     const castor__st_kv *meta, size_t n_meta, char *err, size_t errlen)
-{
-    char eb[128];
-    if (!path || !*path) {
-        castor__errf(err, errlen, "no file name given");
-        return CASTOR_INVALID;
-    }
-    if ((n_tensors && !tensors) || (n_meta && !meta)) {
-        castor__errf(err, errlen, "%s: no tensors or metadata given", path);
-        return CASTOR_INVALID;
-    }
-    struct stat st;
-    mode_t mode = 0644;  /* new files; an existing file keeps its permissions */
-    if (stat(path, &st) == 0) {
-        if (S_ISDIR(st.st_mode)) {
-            castor__errf(err, errlen, "%s: is a directory", path);
-            return CASTOR_IO;
-        }
-        if (!S_ISREG(st.st_mode)) {
-            castor__errf(err, errlen, "%s: exists and is not a regular file", path);
-            return CASTOR_IO;
-        }
-        mode = st.st_mode & 07777;
-    }
-
-    sbuf hb = {0};
-    size_t data_len = 0;
-    int rc = build_header(path, tensors, n_tensors, meta, n_meta, &hb, &data_len, err, errlen);
-    if (rc) {
-        free(hb.p);
-        return rc;
-    }
-
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + sizeof ".tmp.XXXXXX");
-    char *dir = malloc(plen + 2);
-    if (!tmp || !dir) {
-        free(tmp);
-        free(dir);
-        free(hb.p);
-        castor__errf(err, errlen, "%s: out of memory", path);
-        return CASTOR_NOMEM;
-    }
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp.XXXXXX", sizeof ".tmp.XXXXXX");
-    /* The directory to fsync after the rename. */
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        strcpy(dir, ".");
-    else if (slash == path)
-        strcpy(dir, "/");
-    else {
-        memcpy(dir, path, (size_t)(slash - path));
-        dir[slash - path] = '\0';
-    }
-
-    const char *what = NULL;
-    int created = 0;
-    int fd = mkostemp(tmp, O_CLOEXEC);
-    if (fd < 0) {
-        what = "cannot create the temporary file";
-        goto fail;
-    }
-    created = 1;
-    unsigned char lenbuf[8];
-    uint64_t hlen = hb.len;
-    for (int i = 0; i < 8; i++)
-        lenbuf[i] = (unsigned char)(hlen >> (8 * i));
-    if (fchmod(fd, mode) != 0) {
-        what = "cannot set the permissions of the temporary file";
-        goto fail;
-    }
-    if (write_all(fd, lenbuf, 8) || write_all(fd, hb.p, hb.len)) {
-        what = "write failed";
-        goto fail;
-    }
-    for (size_t i = 0; i < n_tensors; i++) {
-        size_t count = 1;
-        for (int d = 0; d < tensors[i].rank; d++)
-            count *= tensors[i].shape[d];  /* checked in build_header */
-        if (count && write_all(fd, tensors[i].data, count * sizeof(float))) {
-            what = "write failed";
-            goto fail;
-        }
-    }
-    if (fsync(fd) != 0) {
-        what = "fsync failed";
-        goto fail;
-    }
-    int cfd = fd;
-    fd = -1;
-    if (close(cfd) != 0) {
-        what = "close failed";
-        goto fail;
-    }
-    if (rename(tmp, path) != 0) {
-        what = "cannot rename the temporary file over it";
-        goto fail;
-    }
-    /* The rename is durable once the directory is. A filesystem that cannot
-     * fsync a directory (EINVAL) has nothing more to do. */
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0 || (fsync(dfd) != 0 && errno != EINVAL)) {
-        int e = errno;
-        if (dfd >= 0)
-            close(dfd);
-        castor__errf(err, errlen, "%s: written, but fsync of the directory %s failed (the file "
-                     "may not survive a crash): %s", path, dir, errtext(e, eb, sizeof eb));
-        free(tmp);
-        free(dir);
-        free(hb.p);
-        return CASTOR_IO;
-    }
-    close(dfd);
-    free(tmp);
-    free(dir);
-    free(hb.p);
-    return CASTOR_OK;
-
-fail: {
-        int e = errno;
-        if (fd >= 0)
-            close(fd);
-        if (created)
-            unlink(tmp);
-        castor__errf(err, errlen, "%s: %s (%s): %s", path, what, tmp, errtext(e, eb, sizeof eb));
-        free(tmp);
-        free(dir);
-        free(hb.p);
-        return CASTOR_IO;
-    }
 }
