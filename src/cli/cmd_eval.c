@@ -132,10 +132,14 @@ typedef struct model_cmd {
     char layers[512];
 } model_cmd;
 
-/* Returns -1 to go on, else the exit status. */
-static int parse(model_cmd *c, const cli_flag *flags, void (*usage)(FILE *), int argc,
-                 char **argv)
+/* Starts *c afresh for the command cmd ("eval" or "predict"), so the two
+ * entry points share all of their setup. Returns -1 to go on, else the exit
+ * status. */
+static int parse(model_cmd *c, const char *cmd, const cli_flag *flags, void (*usage)(FILE *),
+                 int argc, char **argv)
 {
+    memset(c, 0, sizeof *c);
+    c->cmd = cmd;
     c->data = "fashion-mnist";
     c->devices = "cpu";
     c->strategy = CASTOR_STRATEGY_CENTRAL;
@@ -252,14 +256,10 @@ static int eval_report(const model_cmd *c, const castor_metrics *mt)
         if (!isnan(mt->accuracy))
             printf("  accuracy %.4f", mt->accuracy);
         printf("  (%zu samples from %s)\n", mt->samples, c->data_dir);
-        if (fflush(stdout) != 0) {
-            cli_errorf("eval: cannot write the results to stdout");
-            return CLI_EXIT_RUNTIME;
-        }
-        return 0;
+        return cli_flush_results("eval");
     }
     cJSON *o = cJSON_CreateObject();
-    if (!o || cli_json_str(o, "version", castor_version()) ||
+    int oom = !o || cli_json_str(o, "version", castor_version()) ||
         cli_json_num(o, "test_loss", mt->loss) ||
         cli_json_num(o, "test_accuracy", mt->accuracy) ||
         cli_json_int(o, "samples", (int64_t)mt->samples) ||
@@ -271,26 +271,14 @@ static int eval_report(const model_cmd *c, const castor_metrics *mt)
         cli_json_str(o, "strategy", castor_strategy_kind_name(c->strategy)) ||
         cli_json_str(o, "devices", c->devices) ||
         cli_json_int(o, "replicas", castor_strategy_replicas(c->s)) ||
-        cli_json_int(o, "batch", c->batch)) {
-        cJSON_Delete(o);
-        cli_errorf("eval: out of memory writing the results");
-        return CLI_EXIT_RUNTIME;
-    }
-    int rc = cli_json_print_line(o);
-    cJSON_Delete(o);
-    if (rc != 0) {
-        cli_errorf("eval: cannot write the results to stdout");
-        return CLI_EXIT_RUNTIME;
-    }
-    return 0;
+        cli_json_int(o, "batch", c->batch);
+    return cli_json_emit(o, oom, "eval");
 }
 
 int castor_cli_eval(int argc, char **argv)
 {
     model_cmd c;
-    memset(&c, 0, sizeof c);
-    c.cmd = "eval";
-    int rc = parse(&c, eval_flags, castor_cli_eval_usage, argc, argv);
+    int rc = parse(&c, "eval", eval_flags, castor_cli_eval_usage, argc, argv);
     if (rc >= 0)
         return rc;
     if ((rc = setup(&c)) == 0 && is_mse(&c))
@@ -350,11 +338,7 @@ static int predict_report(const model_cmd *c, const prediction *pr, size_t n)
             else
                 printf("-\n");
         }
-        if (fflush(stdout) != 0) {
-            cli_errorf("predict: cannot write the results to stdout");
-            return CLI_EXIT_RUNTIME;
-        }
-        return 0;
+        return cli_flush_results("predict");
     }
     cJSON *a = cJSON_CreateArray();
     int oom = !a;
@@ -372,18 +356,7 @@ static int predict_report(const model_cmd *c, const prediction *pr, size_t n)
               (pr[i].label >= 0 ? cli_json_int(o, "label", pr[i].label)
                                 : cli_json_str(o, "label", NULL));
     }
-    if (oom) {
-        cJSON_Delete(a);
-        cli_errorf("predict: out of memory writing the results");
-        return CLI_EXIT_RUNTIME;
-    }
-    int rc = cli_json_print_line(a);
-    cJSON_Delete(a);
-    if (rc != 0) {
-        cli_errorf("predict: cannot write the results to stdout");
-        return CLI_EXIT_RUNTIME;
-    }
-    return 0;
+    return cli_json_emit(a, oom, "predict");
 }
 
 static int run_predict(model_cmd *c)
@@ -423,9 +396,7 @@ static int run_predict(model_cmd *c)
 int castor_cli_predict(int argc, char **argv)
 {
     model_cmd c;
-    memset(&c, 0, sizeof c);
-    c.cmd = "predict";
-    int rc = parse(&c, predict_flags, castor_cli_predict_usage, argc, argv);
+    int rc = parse(&c, "predict", predict_flags, castor_cli_predict_usage, argc, argv);
     if (rc >= 0)
         return rc;
     if ((rc = setup(&c)) == 0)

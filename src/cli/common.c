@@ -126,3 +126,11 @@ int cli_one_hot_targets(castor_dataset **ds, int units, const char *which, const
     *ds = copy;
     return 0;
 }
+
+int cli_flush_results(const char *cmd)
+{
+    if (fflush(stdout) == 0)
+        return 0;
+    cli_errorf("%s%scannot write the results to stdout", cmd ? cmd : "", cmd ? ": " : "");
+    return CLI_EXIT_RUNTIME;
+}

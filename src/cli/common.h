@@ -45,4 +45,9 @@ void cli_log_stderr(void *user, castor_log_level level, const char *message);
  */
 int cli_one_hot_targets(castor_dataset **ds, int units, const char *which, const char *what);
 
+/* The end of a text report: flush stdout, so that a full disk or a closed
+ * pipe is an error (CLI_EXIT_RUNTIME, printed with "CMD: " when cmd is not
+ * NULL) and not a silent loss; 0 when it is all written. */
+int cli_flush_results(const char *cmd);
+
 #endif

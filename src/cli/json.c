@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "args.h"
+
 int cli_json_num(cJSON *obj, const char *key, double v)
 {
     cJSON *item = isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull();
@@ -49,4 +51,21 @@ int cli_json_print_line(const cJSON *obj)
     int rc = (puts(text) < 0 || fflush(stdout) != 0) ? -1 : 0;
     cJSON_free(text);
     return rc;
+}
+
+int cli_json_emit(cJSON *obj, int failed, const char *cmd)
+{
+    const char *sep = cmd ? ": " : "";
+    if (!obj || failed) {
+        cJSON_Delete(obj);
+        cli_errorf("%s%sout of memory writing the results", cmd ? cmd : "", sep);
+        return CLI_EXIT_RUNTIME;
+    }
+    int rc = cli_json_print_line(obj);
+    cJSON_Delete(obj);
+    if (rc != 0) {
+        cli_errorf("%s%scannot write the results to stdout", cmd ? cmd : "", sep);
+        return CLI_EXIT_RUNTIME;
+    }
+    return 0;
 }

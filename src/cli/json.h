@@ -15,4 +15,12 @@ int cli_json_bool(cJSON *obj, const char *key, int v);
 /* Print obj as one line on stdout; 0, or -1 on failure. */
 int cli_json_print_line(const cJSON *obj);
 
+/*
+ * The last step of every --json report: print obj as one line and free it.
+ * failed (or obj NULL) means building it ran out of memory. Errors are
+ * printed here, prefixed "CMD: " when cmd is not NULL; returns 0 or
+ * CLI_EXIT_RUNTIME. One place, so that every command fails the same way.
+ */
+int cli_json_emit(cJSON *obj, int failed, const char *cmd);
+
 #endif

@@ -1,0 +1,125 @@
+/*
+ * What a training run keeps on disk while it trains: a checkpoint every
+ * --checkpoint-every steps or epochs, written from the progress callback,
+ * and one more when SIGINT or SIGTERM stops the run, so that an interrupted
+ * run loses nothing it could have kept. The names and the pruning of the
+ * files are ckpt.c's; this file decides when to write and what to say.
+ */
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "castor.h"
+#include "common.h"
+#include "train.h"
+
+/* ---- signals: stop after the current step --------------------------------- */
+
+static volatile sig_atomic_t g_stop_signal = 0;
+
+static void on_stop_signal(int sig)
+{
+    if (g_stop_signal) {
+        /* A second one: the user insists; die the default way now. */
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        sigemptyset(&dfl.sa_mask);
+        sigaction(sig, &dfl, NULL);
+        raise(sig);
+        return;
+    }
+    g_stop_signal = sig;
+}
+
+void train_install_stop_handlers(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+int train_stop_signal(void)
+{
+    return g_stop_signal;
+}
+
+/* ---- checkpoints ----------------------------------------------------------------------- */
+
+int train_write_checkpoint(train_run *r)
+{
+    int64_t step = castor_model_step(r->model);
+    char path[CLI_PATH_MAX], err[CLI_PATH_MAX + 256];
+    if (cli_ckpt_path(path, sizeof path, r->o.checkpoint_dir, step) != 0) {
+        snprintf(r->ckpt_error, sizeof r->ckpt_error, "--checkpoint-dir %s: path too long",
+                 r->o.checkpoint_dir);
+        return -1;
+    }
+    int rc = castor_model_save(r->model, path);
+    if (rc != CASTOR_OK) {
+        snprintf(r->ckpt_error, sizeof r->ckpt_error,
+                 "cannot write the checkpoint %s: %s (training stopped at step %lld)", path,
+                 cli_why(cli_about_file(castor_model_errmsg(r->model), path), rc),
+                 (long long)step);
+        return -1;
+    }
+    r->checkpoints++;
+    r->last_ckpt_step = step;
+    snprintf(r->last_ckpt, sizeof r->last_ckpt, "%s", path);
+    train_note(r, "checkpoint %s", path);
+    /* Only now that the new one is safely on disk may old ones go. A
+     * failure to delete costs disk space, not progress: warn and go on. */
+    if (cli_ckpt_prune(r->o.checkpoint_dir, r->o.keep, path, err, sizeof err) < 0) {
+        cli_progress_clear(&r->progress);
+        fprintf(stderr, "castor: warning: %s\n", err);
+    }
+    return 0;
+}
+
+int train_on_progress(void *user, const castor_progress *p)
+{
+    train_run *r = user;
+    /* Show the epochs of the whole run: a resumed run goes on counting. */
+    castor_progress shown = *p;
+    shown.epoch = p->epoch + (int)r->epoch0;
+    shown.epochs = r->o.epochs;
+    cli_progress_update(&r->progress, &shown);
+    if (p->epoch_end) {
+        r->val_loss = p->val_loss;
+        r->val_accuracy = p->val_accuracy;
+    }
+    if (r->o.checkpoint_dir && p->global_step != r->last_ckpt_step &&
+        (r->o.checkpoint_every == CKPT_EVERY_EPOCH ? p->epoch_end
+                                                   : p->global_step % r->o.checkpoint_every == 0) &&
+        train_write_checkpoint(r) != 0)
+        return 1; /* fit stops; fit() reports r->ckpt_error */
+    return g_stop_signal != 0;
+}
+
+/* SIGINT/SIGTERM: keep what was trained if there is a place for it, say
+ * where, and exit 128 + the signal. */
+int train_report_interrupt(train_run *r)
+{
+    int sig = g_stop_signal;
+    cli_progress_finish(&r->progress);
+    if (!r->model) {
+        fprintf(stderr, "castor: interrupted before training\n");
+        return 128 + sig;
+    }
+    long long step = (long long)castor_model_step(r->model);
+    if (!r->o.checkpoint_dir) {
+        fprintf(stderr, "castor: interrupted after step %lld; no checkpoint directory set, "
+                        "progress lost\n", step);
+    } else if (r->last_ckpt_step == step || train_write_checkpoint(r) == 0) {
+        fprintf(stderr, "castor: interrupted after step %lld; checkpoint saved to %s\n", step,
+                r->last_ckpt);
+    } else {
+        fprintf(stderr, "castor: interrupted after step %lld; %s\n", step, r->ckpt_error);
+    }
+    return 128 + sig;
+}

@@ -1,0 +1,305 @@
+/*
+ * castor train's command line: one flag table drives both the parser and
+ * --help, so the two cannot drift apart. Parsing fills a train_opts and
+ * rejects the combinations of flags that make no sense before anything
+ * expensive (devices, data) is touched.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "castor.h"
+#include "args.h"
+#include "cli.h"
+#include "common.h"
+#include "train.h"
+
+/* ---- flags ------------------------------------------------------------- */
+
+enum {
+    F_DATA,
+    F_LAYERS,
+    F_LOSS,
+    F_OPTIMIZER,
+    F_LR,
+    F_MOMENTUM,
+    F_NESTEROV,
+    F_WEIGHT_DECAY,
+    F_EPOCHS,
+    F_BATCH,
+    F_VALIDATION_SPLIT,
+    F_SEED,
+    F_STRATEGY,
+    F_DEVICES,
+    F_DEVICE_MEMORY,
+    F_HOST_THREADS,
+    F_TF32,
+    F_SAVE,
+    F_CHECKPOINT_DIR,
+    F_CHECKPOINT_EVERY,
+    F_KEEP,
+    F_RESUME,
+    F_JSON,
+    F_QUIET,
+    F_VERBOSE,
+    F_COUNT
+};
+
+static const cli_flag train_flags[F_COUNT + 1] = {
+    [F_DATA] = {"data", "fashion-mnist|DIR", "fashion-mnist",
+                "training and test data. 'fashion-mnist' is the directory\n"
+                "$CASTOR_FASHION_MNIST, or else " CLI_DEFAULT_FASHION_MNIST ";\n"
+                "DIR holds the four MNIST-style IDX files train-images-idx3-ubyte,\n"
+                "train-labels-idx1-ubyte, t10k-images-idx3-ubyte and\n"
+                "t10k-labels-idx1-ubyte, each plain or gzip'd (.gz)"},
+    [F_LAYERS] = {"layers", "SPEC", "128:relu,10",
+                  "the dense layers, comma separated, each UNITS[:ACTIVATION] with\n"
+                  "ACTIVATION relu, tanh, sigmoid or linear (the default); with\n"
+                  "--loss xent the last layer is linear with a unit per class"},
+    [F_LOSS] = {"loss", "xent|mse", "xent",
+                "xent: softmax cross-entropy on the class labels;\n"
+                "mse: mean squared error against one-hot class targets (no accuracy)"},
+    [F_OPTIMIZER] = {"optimizer", "sgd|adam|adamw", "adam",
+                     "the optimizer, with Keras's semantics and defaults"},
+    [F_LR] = {"lr", "X", "0.01 for sgd, 0.001 for adam and adamw",
+              "the learning rate, > 0 and <= 1000"},
+    [F_MOMENTUM] = {"momentum", "X", "0", "SGD momentum, 0 <= X < 1 (sgd only)"},
+    [F_NESTEROV] = {"nesterov", NULL, NULL, "Nesterov momentum (sgd only)"},
+    [F_WEIGHT_DECAY] = {"weight-decay", "X", "0.004",
+                        "decoupled weight decay, 0 <= X <= 1 (adamw only)"},
+    [F_EPOCHS] = {"epochs", "N", "10", "passes over the training data, 1 to 1000000"},
+    [F_BATCH] = {"batch", "N", "256",
+                 "the global batch size, split over the replicas: at least the\n"
+                 "number of replicas, at most 16777216"},
+    [F_VALIDATION_SPLIT] = {"validation-split", "N", "0",
+                            "hold the last N training samples out of training and report\n"
+                            "val_loss and val_acc on them after every epoch"},
+    [F_SEED] = {"seed", "N", "1",
+                "seed of the initial weights and the shuffling, 0 to 2^64-1"},
+    [F_STRATEGY] = {"strategy", "central|mirrored", "central",
+                    "central: the master weights live in pinned host memory and the\n"
+                    "CPU updates them; mirrored: a copy per device, gradients\n"
+                    "all-reduced, each device updates its copy"},
+    [F_DEVICES] = {"devices", "LIST", "cpu",
+                   "the replicas, comma separated: cpu, cpu:N (N emulated CPU\n"
+                   "devices), cuda (every GPU), cuda:0,cuda:1 (the GPUs listed),\n"
+                   "cuda:0x4 (four replicas sharing GPU 0)"},
+    [F_DEVICE_MEMORY] = {"device-memory", "BYTES",
+                         "0: 1G per emulated CPU device, all of a GPU's memory",
+                         "the device memory each replica may use, with an optional K, M,\n"
+                         "G or T suffix (powers of 1024): 512M, 2G"},
+    [F_HOST_THREADS] = {"host-threads", "N", "0: one per core",
+                        "host threads for the gradient reduction and the optimizer,\n"
+                        "0 to 1024"},
+    [F_TF32] = {"tf32", NULL, NULL, "allow TF32 tensor-core math on GPUs (off: plain fp32)"},
+    [F_SAVE] = {"save", "FILE", NULL,
+                "write the trained model to FILE (safetensors) at the end, atomically:\n"
+                "a crash leaves the old file or the new one"},
+    [F_CHECKPOINT_DIR] = {"checkpoint-dir", "DIR", NULL,
+                          "write checkpoints DIR/ckpt-<step, 12 digits>.safetensors (DIR is\n"
+                          "created if missing) every --checkpoint-every, at the end of\n"
+                          "training, and when SIGINT or SIGTERM stops it"},
+    [F_CHECKPOINT_EVERY] = {"checkpoint-every", "N|epoch", "epoch",
+                            "a checkpoint every N optimizer steps, or at the end of every\n"
+                            "epoch (needs --checkpoint-dir)"},
+    [F_KEEP] = {"keep", "K", "3",
+                "keep the newest K checkpoints in --checkpoint-dir, 1 to 1000000: older\n"
+                "ckpt-*.safetensors are deleted once a newer one is written; other\n"
+                "files are never touched"},
+    [F_RESUME] = {"resume", "DIR|FILE", NULL,
+                  "continue from a checkpoint: FILE, or the newest ckpt-*.safetensors in\n"
+                  "DIR (see 'Resuming' below)"},
+    [F_JSON] = {"json", NULL, NULL,
+                "print the results as one JSON object, the last line of stdout"},
+    [F_QUIET] = {"quiet", NULL, NULL, "no progress display and no library warnings"},
+    [F_VERBOSE] = {"verbose", NULL, NULL,
+                   "describe the run on stderr, with the library's info messages"},
+    [F_COUNT] = {NULL, NULL, NULL, NULL},
+};
+
+void castor_cli_train_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: castor train [flags]\n"
+            "\n"
+            "Train a dense network on an IDX data set, evaluate it on the test set and\n"
+            "print a summary on stdout (progress goes to stderr).\n"
+            "\n"
+            "flags:\n");
+    cli_print_flags(out, train_flags);
+    fprintf(out,
+            "  -h, --help\n"
+            "      show this help\n"
+            "\n"
+            "example:\n"
+            "  castor train --data fashion-mnist --layers 128:relu,10 --optimizer adam \\\n"
+            "      --epochs 10 --batch 256 --strategy central --devices cpu:2 \\\n"
+            "      --seed 1 --json\n"
+            "\n"
+            "With --json the last line of stdout is an object with test_accuracy,\n"
+            "test_loss, train_loss, train_accuracy, val_loss, val_accuracy, epochs,\n"
+            "steps, seconds (wall time of training alone), samples_per_second,\n"
+            "strategy, devices, replicas, batch, params and device_peak_bytes.\n"
+            "\n"
+            "Resuming (--resume): the model is rebuilt from the checkpoint on the\n"
+            "--strategy and --devices of this command line. The file decides the\n"
+            "layers, the loss, the optimizer and its hyper-parameters and the seed:\n"
+            "--layers, --loss, --optimizer, --lr, --momentum, --nesterov,\n"
+            "--weight-decay and --seed may be left out, and given with a value the\n"
+            "file does not have they are an error (status 2). --batch defaults to the\n"
+            "file's batch size, and must be that while an epoch is in progress.\n"
+            "--epochs is the total for the whole run, the interrupted part included:\n"
+            "training continues until that many epochs are done (a checkpoint that has\n"
+            "done them all is only evaluated). On the same machine, data, strategy\n"
+            "and number of replicas the result is bitwise the one of a run never\n"
+            "interrupted.\n"
+            "The JSON object then also has resumed_from (the file or null), saved\n"
+            "(the --save file or null), checkpoints (how many were written) and\n"
+            "global_step (the model's steps in all).\n"
+            "\n"
+            "SIGINT or SIGTERM stops training after the current step; castor writes a\n"
+            "checkpoint if --checkpoint-dir is set, says where, and exits with status\n"
+            "130 or 143. Exit status 1: the run failed; 2: a flag is wrong.\n");
+}
+
+/* ---- phase 1: the command line ------------------------------------------------ */
+
+/* See train.h. */
+int train_parse_args(train_opts *o, int argc, char **argv)
+{
+    memset(o, 0, sizeof *o);
+    o->data = "fashion-mnist";
+    o->layers = "128:relu,10";
+    o->loss = CASTOR_LOSS_SOFTMAX_XENT;
+    o->optimizer = CASTOR_OPT_ADAM;
+    o->epochs = 10;
+    o->batch = 256;
+    o->seed = 1;
+    o->strategy = CASTOR_STRATEGY_CENTRAL;
+    o->devices = "cpu";
+    o->checkpoint_every = CKPT_EVERY_EPOCH;
+    o->keep = 3;
+
+    cli_parser p;
+    cli_parser_init(&p, "train", argc, argv);
+    for (;;) {
+        const char *v;
+        int f = cli_next(&p, train_flags, &v);
+        if (f == CLI_DONE)
+            break;
+        if (f == CLI_HELP) {
+            castor_cli_train_usage(stdout);
+            return CLI_EXIT_OK;
+        }
+        if (f == CLI_FAIL)
+            return CLI_EXIT_USAGE;
+        const char *name = train_flags[f].name;
+        int bad = 0;
+        switch (f) {
+        case F_DATA: o->data = v; break;
+        case F_LAYERS:
+            o->layers = v;
+            o->layers_set = 1;
+            break;
+        case F_LOSS:
+            o->loss_set = 1;
+            if (strcmp(v, "xent") == 0)
+                o->loss = CASTOR_LOSS_SOFTMAX_XENT;
+            else if (strcmp(v, "mse") == 0)
+                o->loss = CASTOR_LOSS_MSE;
+            else {
+                cli_errorf("--loss '%s': not a loss (xent or mse)", v);
+                bad = 1;
+            }
+            break;
+        case F_OPTIMIZER:
+            o->optimizer_set = 1;
+            if (castor_optimizer_kind_parse(v, &o->optimizer) != CASTOR_OK) {
+                cli_errorf("--optimizer '%s': not an optimizer (sgd, adam or adamw)", v);
+                bad = 1;
+            }
+            break;
+        case F_LR:
+            bad = cli_parse_double(name, v, 0.0, 1, 1000.0, 0, &o->lr);
+            o->lr_set = 1;
+            break;
+        case F_MOMENTUM:
+            bad = cli_parse_double(name, v, 0.0, 0, 1.0, 1, &o->momentum);
+            o->momentum_set = 1;
+            break;
+        case F_NESTEROV: o->nesterov = 1; break;
+        case F_WEIGHT_DECAY:
+            bad = cli_parse_double(name, v, 0.0, 0, 1.0, 0, &o->weight_decay);
+            o->weight_decay_set = 1;
+            break;
+        case F_EPOCHS: bad = cli_parse_int(name, v, 1, 1000000, &o->epochs); break;
+        case F_BATCH:
+            bad = cli_parse_int(name, v, 1, 1 << 24, &o->batch);
+            o->batch_set = 1;
+            break;
+        case F_VALIDATION_SPLIT:
+            bad = cli_parse_int(name, v, 0, 0x7fffffff, &o->validation_split);
+            break;
+        case F_SEED:
+            bad = cli_parse_u64(name, v, &o->seed);
+            o->seed_set = 1;
+            break;
+        case F_STRATEGY:
+            if (castor_strategy_kind_parse(v, &o->strategy) != CASTOR_OK) {
+                cli_errorf("--strategy '%s': not a strategy (central or mirrored)", v);
+                bad = 1;
+            }
+            break;
+        case F_DEVICES: o->devices = v; break;
+        case F_DEVICE_MEMORY: bad = cli_parse_size(name, v, &o->device_memory); break;
+        case F_HOST_THREADS: bad = cli_parse_int(name, v, 0, 1024, &o->host_threads); break;
+        case F_TF32: o->tf32 = 1; break;
+        case F_SAVE: o->save = v; break;
+        case F_CHECKPOINT_DIR: o->checkpoint_dir = v; break;
+        case F_CHECKPOINT_EVERY:
+            o->every_set = 1;
+            if (strcmp(v, "epoch") == 0)
+                o->checkpoint_every = CKPT_EVERY_EPOCH;
+            else
+                bad = cli_parse_int(name, v, 1, 0x7fffffff, &o->checkpoint_every);
+            break;
+        case F_KEEP:
+            bad = cli_parse_int(name, v, 1, 1000000, &o->keep);
+            o->keep_set = 1;
+            break;
+        case F_RESUME: o->resume = v; break;
+        case F_JSON: o->json = 1; break;
+        case F_QUIET: o->quiet = 1; break;
+        case F_VERBOSE: o->verbose = 1; break;
+        default: break;
+        }
+        if (bad)
+            return CLI_EXIT_USAGE;
+    }
+
+    /* Flags that mean nothing for the chosen optimizer are mistakes. A
+     * resumed run without --optimizer has the file's: train_resume() compares
+     * the flags with the file instead. */
+    if (!o->resume || o->optimizer_set) {
+        if (o->optimizer != CASTOR_OPT_SGD && (o->momentum_set || o->nesterov)) {
+            cli_errorf("--%s applies to --optimizer sgd only, not %s",
+                       o->momentum_set ? "momentum" : "nesterov",
+                       castor_optimizer_kind_name(o->optimizer));
+            return CLI_EXIT_USAGE;
+        }
+        if (o->optimizer != CASTOR_OPT_ADAMW && o->weight_decay_set) {
+            cli_errorf("--weight-decay applies to --optimizer adamw only, not %s",
+                       castor_optimizer_kind_name(o->optimizer));
+            return CLI_EXIT_USAGE;
+        }
+    }
+    if (!o->checkpoint_dir && (o->every_set || o->keep_set)) {
+        cli_errorf("--%s needs --checkpoint-dir", o->every_set ? "checkpoint-every" : "keep");
+        return CLI_EXIT_USAGE;
+    }
+    if (o->verbose && o->quiet) {
+        cli_errorf("--verbose and --quiet contradict each other");
+        return CLI_EXIT_USAGE;
+    }
+    return -1;
+}

@@ -1,0 +1,176 @@
+/*
+ * castor train --resume: rebuild the model from a checkpoint on this
+ * command line's strategy and devices. The file decides the layers, the
+ * loss, the optimizer and its hyper-parameters and the seed, so flags that
+ * disagree with it are refused rather than silently ignored.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "castor.h"
+#include "args.h"
+#include "ckpt.h"
+#include "common.h"
+#include "train.h"
+
+/* --layers as the library writes it ("32:relu,10" -> "32:relu,10:linear"),
+ * or a usage error if it does not parse. */
+static int normal_layers(const char *spec, int features, char *buf, size_t size)
+{
+    castor_model *m = NULL;
+    int rc = castor_model_create(&m, features);
+    if (rc == CASTOR_OK)
+        rc = castor_model_add_layers(m, spec);
+    if (rc == CASTOR_OK)
+        rc = castor_model_layers_spec(m, buf, size);
+    if (rc != CASTOR_OK)
+        cli_errorf("--layers '%s': %s", spec, cli_why(castor_model_errmsg(m), rc));
+    castor_model_free(m);
+    return rc == CASTOR_OK ? 0 : cli_exit_for(rc);
+}
+
+/* The flags the checkpoint decides may be given only with the file's values. */
+static int check_resume_flags(train_run *r)
+{
+    const cli_ckpt_meta *m = &r->meta;
+    const char *f = r->resumed_from;
+    if (r->o.layers_set) {
+        char want[512];
+        int rc = normal_layers(r->o.layers, m->input_features, want, sizeof want);
+        if (rc)
+            return rc;
+        if (strcmp(want, r->layers_spec) != 0) {
+            cli_errorf("--layers '%s' differs from the checkpoint %s, which has '%s' (a resumed "
+                       "run takes the layers from the file: leave --layers out)",
+                       r->o.layers, f, r->layers_spec);
+            return CLI_EXIT_USAGE;
+        }
+    }
+    const char *file_loss = strcmp(m->loss, "mse") == 0 ? "mse" : "xent";
+    const char *flag = NULL;
+    char given[64] = "", has[64] = "";
+    if (r->o.loss_set && strcmp(file_loss, r->o.loss == CASTOR_LOSS_MSE ? "mse" : "xent") != 0) {
+        flag = "loss";
+        snprintf(given, sizeof given, "%s", r->o.loss == CASTOR_LOSS_MSE ? "mse" : "xent");
+        snprintf(has, sizeof has, "%s", file_loss);
+    } else if (r->o.optimizer_set &&
+               strcmp(m->optimizer, castor_optimizer_kind_name(r->o.optimizer)) != 0) {
+        flag = "optimizer";
+        snprintf(given, sizeof given, "%s", castor_optimizer_kind_name(r->o.optimizer));
+        snprintf(has, sizeof has, "%s", m->optimizer);
+    } else if (r->o.lr_set && (float)r->o.lr != (float)m->learning_rate) {
+        flag = "lr";
+        snprintf(given, sizeof given, "%g", r->o.lr);
+        snprintf(has, sizeof has, "%g", m->learning_rate);
+    } else if (r->o.momentum_set && (float)r->o.momentum != (float)m->momentum) {
+        flag = "momentum";
+        snprintf(given, sizeof given, "%g", r->o.momentum);
+        snprintf(has, sizeof has, "%g", m->momentum);
+    } else if (r->o.nesterov && !m->nesterov) {
+        flag = "nesterov";
+        snprintf(given, sizeof given, "on");
+        snprintf(has, sizeof has, "off");
+    } else if (r->o.weight_decay_set && (float)r->o.weight_decay != (float)m->weight_decay) {
+        flag = "weight-decay";
+        snprintf(given, sizeof given, "%g", r->o.weight_decay);
+        snprintf(has, sizeof has, "%g", m->weight_decay);
+    } else if (r->o.seed_set && r->o.seed != m->seed) {
+        flag = "seed";
+        snprintf(given, sizeof given, "%llu", (unsigned long long)r->o.seed);
+        snprintf(has, sizeof has, "%llu", (unsigned long long)m->seed);
+    }
+    if (flag) {
+        cli_errorf("--%s %s differs from the checkpoint %s, which has %s (a resumed run takes "
+                   "it from the file: leave --%s out)",
+                   flag, given, f, has, flag);
+        return CLI_EXIT_USAGE;
+    }
+    if (r->o.batch_set && m->step_in_epoch > 0 && r->o.batch != m->epoch_batch) {
+        cli_errorf("--batch %d differs from the checkpoint %s, which is %lld steps into an "
+                   "epoch of batch %d (finish the epoch with that batch: leave --batch out)",
+                   r->o.batch, f, (long long)m->step_in_epoch, m->epoch_batch);
+        return CLI_EXIT_USAGE;
+    }
+    return 0;
+}
+
+int train_resume(train_run *r)
+{
+    const char *from = r->o.resume;
+    char err[CLI_PATH_MAX + 256];
+    struct stat st;
+    if (stat(from, &st) != 0) {
+        cli_errorf("--resume %s: %s", from, strerror(errno));
+        return CLI_EXIT_RUNTIME;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        int found = cli_ckpt_newest(from, r->resumed_from, sizeof r->resumed_from, err,
+                                    sizeof err);
+        if (found < 0) {
+            cli_errorf("--resume %s", err);
+            return CLI_EXIT_RUNTIME;
+        }
+        if (found == 0) {
+            cli_errorf("--resume %s: no checkpoint (ckpt-<step>.safetensors) in this directory",
+                       from);
+            return CLI_EXIT_RUNTIME;
+        }
+    } else if (snprintf(r->resumed_from, sizeof r->resumed_from, "%s", from) >=
+               (int)sizeof r->resumed_from) {
+        cli_errorf("--resume %s: path too long", from);
+        return CLI_EXIT_RUNTIME;
+    }
+    const char *path = r->resumed_from;
+
+    int rc = castor_model_open(&r->model, path, r->strategy);
+    if (rc != CASTOR_OK) {
+        cli_errorf("--resume %s: %s", path,
+                   cli_why(cli_about_file(castor_model_errmsg(r->model), path), rc));
+        return cli_exit_for(rc);
+    }
+    if (cli_ckpt_read_meta(path, &r->meta, err, sizeof err) != 0) {
+        cli_errorf("--resume %s", err);
+        return CLI_EXIT_RUNTIME;
+    }
+    if (castor_model_layers_spec(r->model, r->layers_spec, sizeof r->layers_spec) != CASTOR_OK)
+        snprintf(r->layers_spec, sizeof r->layers_spec, "%s", r->meta.layers);
+    if ((rc = check_resume_flags(r)) != 0)
+        return rc;
+    int features = castor_model_input_features(r->model);
+    if (features != castor_dataset_features(r->train)) {
+        cli_errorf("--resume %s: the model takes %d features per sample but the data in %s has "
+                   "%d",
+                   path, features, r->data_dir, castor_dataset_features(r->train));
+        return CLI_EXIT_USAGE;
+    }
+
+    /* What the file decides is what the run reports. */
+    r->o.loss = strcmp(r->meta.loss, "mse") == 0 ? CASTOR_LOSS_MSE : CASTOR_LOSS_SOFTMAX_XENT;
+    if (castor_optimizer_kind_parse(r->meta.optimizer, &r->o.optimizer) != CASTOR_OK)
+        r->o.optimizer = CASTOR_OPT_ADAM;
+    r->lr = (float)r->meta.learning_rate;
+    r->o.seed = r->meta.seed;
+    if (!r->o.batch_set && r->meta.epoch_batch > 0)
+        r->o.batch = r->meta.epoch_batch;
+    if ((rc = train_check_batch(r)) != 0)
+        return rc;
+    if (r->o.loss == CASTOR_LOSS_MSE && (rc = train_mse_targets(r, path)) != 0)
+        return rc;
+
+    if (!r->o.quiet && r->meta.strategy[0] &&
+        (strcmp(r->meta.strategy, castor_strategy_kind_name(r->o.strategy)) != 0 ||
+         (r->meta.replicas > 0 && r->meta.replicas != r->replicas)))
+        fprintf(stderr,
+                "castor: warning: %s was written by the %s strategy on %d replica%s; going on "
+                "with %s on %d, training continues but not bit for bit as it would have\n",
+                path, r->meta.strategy, r->meta.replicas, r->meta.replicas == 1 ? "" : "s",
+                castor_strategy_kind_name(r->o.strategy), r->replicas);
+    train_note(r, "resumed from %s: step %lld, epoch %lld + %lld steps; %d -> %s, %s, learning rate "
+            "%g, seed %llu",
+         path, (long long)castor_model_step(r->model), (long long)castor_model_epoch(r->model),
+         (long long)castor_model_step_in_epoch(r->model), features, r->layers_spec,
+         r->meta.optimizer, (double)r->lr, (unsigned long long)r->o.seed);
+    return 0;
+}
