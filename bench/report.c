@@ -499,6 +499,15 @@ static void sort_by_params(const bench_result *r, series *s)
         }
 }
 
+/* A series' legend: its strategy, and its batch when the grid has several. */
+static void series_name(char *buf, size_t size, const bench_config *c, const series *s)
+{
+    if (c->n_batches > 1)
+        snprintf(buf, size, "%s, batch %d", kind_name(s->kind), s->batch);
+    else
+        snprintf(buf, size, "%s", kind_name(s->kind));
+}
+
 static void write_script(FILE *f, const char *png, const bench_config *c, const bench_result *r,
                          const series *ser, int nser)
 {
@@ -537,10 +546,7 @@ static void write_script(FILE *f, const char *png, const bench_config *c, const 
                "set title 'step time (dashed: lower bound from the measured limits)'\nplot ");
     for (int k = 0; k < nser; k++) {
         char name[64];
-        if (c->n_batches > 1)
-            snprintf(name, sizeof name, "%s, batch %d", kind_name(ser[k].kind), ser[k].batch);
-        else
-            snprintf(name, sizeof name, "%s", kind_name(ser[k].kind));
+        series_name(name, sizeof name, c, &ser[k]);
         fprintf(f,
                 "%s$s%d using 1:2 with linespoints lw 2 pt 7 lc rgb '%s' title '%s', "
                 "$s%d using 1:($3 > 0 ? $3 : NaN) with lines dt 2 lc rgb '%s' title '%s bound'",
@@ -552,10 +558,7 @@ static void write_script(FILE *f, const char *png, const bench_config *c, const 
                "set title 'device memory'\nplot ");
     for (int k = 0; k < nser; k++) {
         char name[64];
-        if (c->n_batches > 1)
-            snprintf(name, sizeof name, "%s, batch %d", kind_name(ser[k].kind), ser[k].batch);
-        else
-            snprintf(name, sizeof name, "%s", kind_name(ser[k].kind));
+        series_name(name, sizeof name, c, &ser[k]);
         fprintf(f, "%s$s%d using 1:4 with linespoints lw 2 pt 7 lc rgb '%s' title '%s'",
                 k ? ", " : "", k, colors[k % ncol], name);
     }
