@@ -307,9 +307,22 @@ else
 fi
 
 # ---- SIGINT / SIGTERM stop training after the current step ---------------------------------
+# The run starts with SIGINT and SIGTERM blocked, as a process may inherit
+# them from whatever launched it (CI runners do): castor must unblock the
+# signals it handles, or a pending SIGINT never arrives.
+start_with_stop_signals_blocked() {
+    exec python3 -c '
+import os, signal, sys
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+os.execv(sys.argv[1], sys.argv[1:])' "$@"
+}
 interrupt_test() { # interrupt_test SIGNAL STATUS
     local sig=$1 want=$2
-    "$BIN" "${TRAIN[@]}" --devices cpu:2 --epochs 100000 --batch 8 >"$T/out" 2>"$T/err" &
+    # Empty it first: the wait below must not read the last test's lines
+    # before the new run has opened the file.
+    : >"$T/err"
+    start_with_stop_signals_blocked "$BIN" "${TRAIN[@]}" --devices cpu:2 --epochs 100000 --batch 8 \
+        >"$T/out" 2>"$T/err" &
     BGPID=$!
     local waited=0
     while ! grep -q '^epoch 1/' "$T/err" 2>/dev/null; do
@@ -579,8 +592,9 @@ fi
 
 # ---- SIGTERM with --checkpoint-dir: a checkpoint of the step reached, then resume it ----------
 TD="$T/ck-term"
-"$BIN" "${TRAIN[@]}" --devices cpu:2 --batch 8 --epochs 100000 --checkpoint-dir "$TD" \
-    >"$T/out" 2>"$T/err" &
+: >"$T/err" # as in interrupt_test: no stale "epoch 2/" line
+start_with_stop_signals_blocked "$BIN" "${TRAIN[@]}" --devices cpu:2 --batch 8 --epochs 100000 \
+    --checkpoint-dir "$TD" >"$T/out" 2>"$T/err" &
 BGPID=$!
 waited=0
 while ! grep -q '^epoch 2/' "$T/err" 2>/dev/null; do

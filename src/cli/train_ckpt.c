@@ -5,6 +5,7 @@
  * run loses nothing it could have kept. The names and the pruning of the
  * files are ckpt.c's; this file decides when to write and what to say.
  */
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -42,6 +43,14 @@ void train_install_stop_handlers(void)
     sa.sa_flags = SA_RESTART;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    /* A blocked signal mask survives exec: a launcher (a CI runner, a job
+     * system) may start us with SIGINT blocked, and then the handler would
+     * never run. Threads made later inherit this mask. */
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_UNBLOCK, &stop_signals, NULL);
 }
 
 int train_stop_signal(void)
