@@ -115,10 +115,27 @@ int castor_model_add_dense(castor_model *m, int units, castor_activation act)
     return CASTOR_OK;
 }
 
+static int add_layers_from_spec(castor_model *m, const char *spec);
+
+/* All of the spec's layers or none: a bad item later in the list must not
+ * leave the earlier ones added, or fixing the spec and calling again would
+ * build another network without a word. */
 int castor_model_add_layers(castor_model *m, const char *spec)
 {
     if (!m)
         return CASTOR_MISUSE;
+    int n_layers = m->n_layers;
+    size_t n_params = m->n_params;
+    int rc = add_layers_from_spec(m, spec);
+    if (rc) {
+        m->n_layers = n_layers;
+        m->n_params = n_params;
+    }
+    return rc;
+}
+
+static int add_layers_from_spec(castor_model *m, const char *spec)
+{
     if (!spec || !*spec)
         return castor__model_fail(m, CASTOR_INVALID, "empty layer list (e.g. 128:relu,10)");
     const char *p = spec;
@@ -206,6 +223,16 @@ int castor_model_compile(castor_model *m, castor_strategy *s, castor_loss loss,
     char err[256];
     if (castor__optim_validate(&opt, err, sizeof err))
         return castor__model_fail(m, CASTOR_INVALID, "%s", err);
+
+    /* A model whose strategy was freed may be compiled again: it starts
+     * afresh, so drop what the last compile left on the host and where its
+     * training stood. */
+    castor__host_free(&m->params);
+    castor__host_free(&m->grads);
+    castor__host_free(&m->opt_state);
+    m->step = m->epoch = m->step_in_epoch = 0;
+    m->epoch_batch = 0;
+    m->inconsistent = 0;
 
     m->loss = loss;
     m->opt = opt;

@@ -292,6 +292,9 @@ int castor__runtime_create(castor_model *m, int mirrored)
         if (rc)
             return castor__model_fail(m, rc, "%s", s->devs[i]->errmsg);
     }
+    /* The devices' byte counters and peaks outlive a model: count this
+     * one's from here, not from the last model compiled on the strategy. */
+    castor_model_reset_run_stats(m);
     return CASTOR_OK;
 }
 

@@ -1,0 +1,140 @@
+/*
+ * The model handle's life cycle through the public API: a failed layer spec
+ * adds nothing, a model compiled again after its strategy was freed starts
+ * afresh, and run statistics belong to the model, not to the strategy's
+ * devices.
+ */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "castor.h"
+
+#define N 48
+#define F 6
+
+static castor_dataset *small_dataset(void)
+{
+    float x[N * F];
+    int32_t y[N];
+    for (int i = 0; i < N; i++) {
+        y[i] = i % 3;
+        for (int j = 0; j < F; j++)
+            x[i * F + j] = (float)((i * 7 + j * 3) % 11) / 11.0f + (j == y[i] ? 1.0f : 0.0f);
+    }
+    castor_dataset *ds = NULL;
+    cr_assert_eq(castor_dataset_from_memory(&ds, x, N, F, y, NULL, 0), CASTOR_OK);
+    return ds;
+}
+
+static castor_model *compiled(castor_strategy *s, const char *layers)
+{
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_create(&m, F), CASTOR_OK);
+    cr_assert_eq(castor_model_add_layers(m, layers), CASTOR_OK, "%s", castor_model_errmsg(m));
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 3), CASTOR_OK, "%s",
+                 castor_model_errmsg(m));
+    return m;
+}
+
+static void fit_steps(castor_model *m, castor_dataset *ds, int batch, int64_t steps)
+{
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.epochs = 10;
+    fo.batch_size = batch;
+    fo.max_steps = steps;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m));
+}
+
+Test(model_api, add_layers_is_all_or_nothing)
+{
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_create(&m, F), CASTOR_OK);
+    cr_assert_eq(castor_model_add_layers(m, "5:tanh"), CASTOR_OK);
+    const char *bad[] = {"16:relu,3:softmax", "16:relu,,3", "16:relu,3,", "16,x", "16,0"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_assert_eq(castor_model_add_layers(m, bad[i]), CASTOR_INVALID, "%s", bad[i]);
+        cr_assert_eq(castor_model_num_layers(m), 1, "'%s' left layers behind", bad[i]);
+        cr_assert_eq(castor_model_num_params(m), (size_t)(F * 5 + 5), "%s", bad[i]);
+    }
+    cr_assert_eq(castor_model_add_layers(m, "16:relu,3"), CASTOR_OK);
+    char spec[64];
+    cr_assert_eq(castor_model_layers_spec(m, spec, sizeof spec), CASTOR_OK);
+    cr_assert_str_eq(spec, "5:tanh,16:relu,3:linear");
+    castor_model_free(m);
+}
+
+Test(model_api, compile_again_after_the_strategy_was_freed_starts_afresh)
+{
+    castor_dataset *ds = small_dataset();
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu:2", NULL), CASTOR_OK);
+    castor_model *m = compiled(s, "8:relu,3");
+    fit_steps(m, ds, 10, 3);  /* stops mid-epoch with batch 10 */
+    cr_assert_eq(castor_model_step(m), 3);
+    castor_strategy_free(s);
+
+    /* The detached model refuses work and says why... */
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    cr_assert_neq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK);
+
+    /* ...and compiled again it is a new model: step 0, fresh weights, any
+     * batch size (the old epoch in progress is gone), nothing leaked (the
+     * sanitizer build checks that). */
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu:2", NULL), CASTOR_OK);
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 3), CASTOR_OK, "%s",
+                 castor_model_errmsg(m));
+    cr_assert_eq(castor_model_step(m), 0);
+    cr_assert_eq(castor_model_epoch(m), 0);
+    cr_assert_eq(castor_model_step_in_epoch(m), 0);
+    fit_steps(m, ds, 16, 2);
+    cr_assert_eq(castor_model_step(m), 2);
+
+    /* The same as a model never compiled before. */
+    castor_strategy *s2 = NULL;
+    cr_assert_eq(castor_strategy_create(&s2, CASTOR_STRATEGY_CENTRAL, "cpu:2", NULL), CASTOR_OK);
+    castor_model *fresh = compiled(s2, "8:relu,3");
+    fit_steps(fresh, ds, 16, 2);
+    size_t n = castor_model_num_params(m);
+    float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+    cr_assert_eq(castor_model_get_params(m, a, n), CASTOR_OK);
+    cr_assert_eq(castor_model_get_params(fresh, b, n), CASTOR_OK);
+    cr_assert(memcmp(a, b, n * sizeof *a) == 0, "a recompiled model trains as a fresh one");
+    free(a);
+    free(b);
+    castor_model_free(fresh);
+    castor_strategy_free(s2);
+    castor_model_free(m);
+    castor_strategy_free(s);
+    castor_dataset_free(ds);
+}
+
+Test(model_api, run_stats_start_with_each_model)
+{
+    castor_dataset *ds = small_dataset();
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu:2", NULL), CASTOR_OK);
+    /* A big model first, so that its device peak is far above the next one's. */
+    castor_model *big = compiled(s, "256:relu,256:relu,3");
+    fit_steps(big, ds, 16, 2);
+    castor_run_stats st;
+    cr_assert_eq(castor_model_run_stats(big, &st), CASTOR_OK);
+    size_t big_peak = st.device_peak_bytes;
+    cr_assert_gt(st.bytes_h2d, 0);
+    castor_model_free(big);
+
+    castor_model *small = compiled(s, "4,3");
+    cr_assert_eq(castor_model_run_stats(small, &st), CASTOR_OK);
+    cr_assert_eq(st.steps, 0);
+    cr_assert_eq(st.bytes_h2d, 0, "bytes of the last model: %llu",
+                 (unsigned long long)st.bytes_h2d);
+    cr_assert_eq(st.bytes_d2h, 0);
+    fit_steps(small, ds, 16, 1);
+    cr_assert_eq(castor_model_run_stats(small, &st), CASTOR_OK);
+    cr_assert_lt(st.device_peak_bytes, big_peak / 4, "peak %zu carried over from %zu",
+                 st.device_peak_bytes, big_peak);
+    cr_assert_eq(castor_model_device_peak_bytes(small), st.device_peak_bytes);
+    castor_model_free(small);
+    castor_strategy_free(s);
+    castor_dataset_free(ds);
+}
