@@ -681,8 +681,8 @@ int castor_cli_bench(int argc, char **argv)
                         continue;
                     }
                     bench_lower_bound(&c, &L, r);
-                    /* With one replica, or NCCL, mirrored updates inside
-                     * the replicas' phase: there is no update phase to rate. */
+                    /* With one replica mirrored updates inside the
+                     * replicas' phase: there is no update phase to rate. */
                     if (r->strategy == CASTOR_STRATEGY_MIRRORED &&
                         !bench_mirrored_has_update_phase(&L, r->replicas))
                         r->host_update_rate = NAN;

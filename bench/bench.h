@@ -137,8 +137,8 @@ void bench_expected_bytes(const bench_config *c, const bench_limits *L, const be
  * update runs inside the replicas' phase). */
 int bench_mirrored_reduces_on_host(const bench_limits *L, int replicas);
 /* Whether mirrored has a reduce-and-update phase after the replicas' phase
- * (not with one replica, nor with NCCL across distinct GPUs, where the
- * update runs inside the replicas' phase). */
+ * (not with one replica, where the update runs inside the replicas' phase;
+ * NCCL's all-reduce and the update are the second phase, src/mirrored.c). */
 int bench_mirrored_has_update_phase(const bench_limits *L, int replicas);
 /* Bytes one optimizer step moves through memory per parameter (reads and
  * writes of the variables, gradients and optimizer slots). */

@@ -12,6 +12,10 @@
  *                  On the CPU backend mirrored and central are then bitwise
  *                  identical.
  *   REDUCE_NCCL    distinct GPUs: ncclAllReduce on each replica's stream.
+ *                  It runs in the second phase, once every replica's
+ *                  gradient is known to be good: a collective that one rank
+ *                  never joins would hang the others, so a replica that
+ *                  fails must fail before any rank has queued it.
  *   REDUCE_SHARED  logical replicas on one GPU (NCCL refuses two ranks on a
  *                  GPU): replica 0 adds the others' gradients in replica
  *                  order on the device, and the others copy the sum.
@@ -74,15 +78,8 @@ static void grads_task(void *ctx, int index, int count)
     case REDUCE_NONE:
         rc = apply_update(m, r);
         break;
-#ifdef CASTOR_HAVE_CUDA
-    case REDUCE_NCCL:
-        rc = castor__nccl_allreduce_sum(m->rt->nccl_comms[index], r->dev, r->d_grads, m->n_params);
-        if (!rc)
-            rc = apply_update(m, r);
-        break;
-#endif
     default:
-        break;  /* REDUCE_SHARED: replica 0 sums after every replica is done */
+        break;  /* REDUCE_SHARED, REDUCE_NCCL: summed in the second phase */
     }
     if (!rc)
         rc = r->rows ? castor__replica_finish(r, m, NULL) : r->dev->iface->synchronize(r->dev);
@@ -98,12 +95,22 @@ static void update_task(void *ctx, int index, int count)
     castor__replica *r = &m->rt->reps[index];
     cdev *dev = r->dev;
     int rc = CASTOR_OK;
-    if (m->rt->reduce == REDUCE_HOST)
+    switch (m->rt->reduce) {
+    case REDUCE_HOST:
         rc = cdev_copy_h2d(dev, CDEV_STREAM_COMPUTE, r->d_grads, m->grads.ptr,
                            m->n_params * sizeof(float));
-    else if (index > 0)  /* REDUCE_SHARED: the sum is in replica 0's buffer, same GPU */
-        rc = dev->iface->copy_d2d(dev, CDEV_STREAM_COMPUTE, r->d_grads, m->rt->reps[0].d_grads,
-                                  m->n_params * sizeof(float));
+        break;
+#ifdef CASTOR_HAVE_CUDA
+    case REDUCE_NCCL:
+        rc = castor__nccl_allreduce_sum(m->rt->nccl_comms[index], dev, r->d_grads, m->n_params);
+        break;
+#endif
+    default:  /* REDUCE_SHARED: the sum is in replica 0's buffer, same GPU */
+        if (index > 0)
+            rc = dev->iface->copy_d2d(dev, CDEV_STREAM_COMPUTE, r->d_grads,
+                                      m->rt->reps[0].d_grads, m->n_params * sizeof(float));
+        break;
+    }
     if (!rc)
         rc = apply_update(m, r);
     if (!rc)
@@ -134,12 +141,12 @@ static int mirrored_train_step(castor_model *m, const castor__batch *b,
         return rc;
     castor__runtime *rt = m->rt;
     step_ctx c = {m, b, 1.0f / (float)b->rows};
-    /* With no reduction or NCCL the update happens inside the first phase. */
-    int one_phase = rt->reduce == REDUCE_NONE || rt->reduce == REDUCE_NCCL;
+    /* With one replica the update happens inside the first phase. */
+    int one_phase = rt->reduce == REDUCE_NONE;
     double t0 = castor__now();
     if ((rc = castor__run_replicas(m, grads_task, &c))) {
         if (one_phase)
-            m->inconsistent = 1;  /* some replicas may have updated */
+            m->inconsistent = 1;  /* the replica may have updated */
         return rc;                /* otherwise no replica has changed its variables yet */
     }
     double t1 = castor__now();

@@ -345,13 +345,20 @@ int castor__run_replicas(castor_model *m, castor__pool_fn fn, void *ctx)
 {
     castor__runtime *rt = m->rt;
     castor__pool_run(m->strategy->replica_pool, fn, ctx);
+    int rc = CASTOR_OK;
     for (int i = 0; i < rt->n; i++) {
         castor__replica *r = &rt->reps[i];
-        if (r->status)
-            return castor__model_fail(m, r->status, "replica %d (%s): %s", i, r->dev->name,
-                                      r->dev->errmsg);
+        if (!r->status)
+            continue;
+        if (!rc)  /* the first failure is the one reported */
+            rc = castor__model_fail(m, r->status, "replica %d (%s): %s", i, r->dev->name,
+                                    r->dev->errmsg);
+        /* A replica that failed part-way may still have copies and kernels
+         * queued (asynchronous devices) that read the staging buffers and
+         * write its device buffers: let them end before either is reused. */
+        (void)r->dev->iface->synchronize(r->dev);
     }
-    return CASTOR_OK;
+    return rc;
 }
 
 /* ---- forward pass, shared by evaluate and predict ---- */
