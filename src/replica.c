@@ -10,8 +10,24 @@
  * gives a whole allocation, so vector loads stay aligned. */
 #define ARENA_ALIGN 256u
 
+/* Sizes saturate at SIZE_MAX instead of wrapping: a batch and model too
+ * large to address then fails the budget check, rather than passing it with
+ * a small wrapped size and getting an arena too small for it. */
+static size_t sat_mul(size_t a, size_t b)
+{
+    size_t r;
+    return castor__mul_ok(a, b, &r) ? r : SIZE_MAX;
+}
+
+static size_t sat_add(size_t a, size_t b)
+{
+    return a > SIZE_MAX - b ? SIZE_MAX : a + b;
+}
+
 static size_t align_up(size_t bytes)
 {
+    if (bytes > SIZE_MAX - (ARENA_ALIGN - 1))
+        return SIZE_MAX;
     return (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
 }
 
@@ -43,13 +59,14 @@ enum { ACT_X, ACT_ACTS, ACT_DELTA0, ACT_DELTA1, ACT_LABELS, ACT_TARGETS, ACT_STA
 static void act_parts(const castor_model *m, size_t rows, size_t parts[ACT_PARTS])
 {
     size_t f = sizeof(float);
-    parts[ACT_X] = align_up(rows * (size_t)m->input_features * f);
-    parts[ACT_ACTS] = align_up(rows * sum_outputs(m) * f);
-    parts[ACT_DELTA0] = align_up(rows * widest_layer(m) * f);
+    parts[ACT_X] = align_up(sat_mul(rows, (size_t)m->input_features * f));
+    parts[ACT_ACTS] = align_up(sat_mul(rows, sat_mul(sum_outputs(m), f)));
+    parts[ACT_DELTA0] = align_up(sat_mul(rows, widest_layer(m) * f));
     parts[ACT_DELTA1] = parts[ACT_DELTA0];
-    parts[ACT_LABELS] = align_up(rows * sizeof(int32_t));
-    parts[ACT_TARGETS] = m->loss == CASTOR_LOSS_MSE ? align_up(rows * output_units(m) * f) : 0;
-    parts[ACT_STATS] = align_up(2 * rows * f);
+    parts[ACT_LABELS] = align_up(sat_mul(rows, sizeof(int32_t)));
+    parts[ACT_TARGETS] =
+        m->loss == CASTOR_LOSS_MSE ? align_up(sat_mul(rows, output_units(m) * f)) : 0;
+    parts[ACT_STATS] = align_up(sat_mul(rows, 2 * f));
 }
 
 static size_t param_arena_bytes(const castor_model *m, int mirrored)
@@ -64,7 +81,7 @@ size_t castor__replica_bytes(const castor_model *m, int rows, int mirrored)
     size_t parts[ACT_PARTS], total = param_arena_bytes(m, mirrored);
     act_parts(m, (size_t)rows, parts);
     for (int i = 0; i < ACT_PARTS; i++)
-        total += parts[i];
+        total = sat_add(total, parts[i]);
     return total;
 }
 
