@@ -172,12 +172,33 @@ static int open_devices(castor_strategy *s, const char *spec)
     s->devs = calloc(MAX_REPLICAS, sizeof *s->devs);
     if (!s->devs)
         return strategy_fail(s, CASTOR_NOMEM, "out of memory");
+    /* Parse the whole list before opening anything, so that a bad entry
+     * late in the list costs no GPU context. */
+    device_entry entries[MAX_REPLICAS];
+    int n_entries = 0;
     char *save = NULL;
     for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        device_entry e;
-        int rc = parse_entry(s, tok, &e);
-        if (!rc)
-            rc = open_entry(s, &e);
+        if (n_entries == MAX_REPLICAS)
+            return strategy_fail(s, CASTOR_INVALID, "too many replicas: at most %d",
+                                 MAX_REPLICAS);
+        device_entry *e = &entries[n_entries];
+        int rc = parse_entry(s, tok, e);
+        if (rc)
+            return rc;
+        /* Two entries on one GPU would each take its whole memory as their
+         * budget; cuda:IxK shares it among K replicas. */
+        for (int j = 0; j < n_entries && e->cuda; j++) {
+            const device_entry *o = &entries[j];
+            if (o->cuda && (o->ordinal < 0 || e->ordinal < 0 || o->ordinal == e->ordinal))
+                return strategy_fail(s, CASTOR_INVALID,
+                                     "'%s' names a GPU already in the list '%s'; for several "
+                                     "replicas on one GPU write cuda:IxK",
+                                     tok, spec);
+        }
+        n_entries++;
+    }
+    for (int i = 0; i < n_entries; i++) {
+        int rc = open_entry(s, &entries[i]);
         if (rc)
             return rc;
     }

@@ -138,3 +138,17 @@ Test(model_api, run_stats_start_with_each_model)
     castor_strategy_free(s);
     castor_dataset_free(ds);
 }
+
+Test(model_api, a_gpu_named_twice_is_refused_before_anything_opens)
+{
+    /* Refused while parsing, so the same on a machine without a GPU. */
+    const char *twice[] = {"cuda:0,cuda:0", "cuda:1x2,cuda:1", "cuda,cuda:0", "cuda:3,cpu,cuda"};
+    for (size_t i = 0; i < sizeof twice / sizeof *twice; i++) {
+        castor_strategy *s = NULL;
+        cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_MIRRORED, twice[i], NULL),
+                     CASTOR_INVALID, "%s: %s", twice[i], castor_strategy_errmsg(s));
+        cr_assert(strstr(castor_strategy_errmsg(s), "cuda:IxK"), "%s",
+                  castor_strategy_errmsg(s));
+        castor_strategy_free(s);
+    }
+}
