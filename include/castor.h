@@ -207,7 +207,11 @@ CASTOR_API int castor_model_output_units(const castor_model *model);
 CASTOR_API int castor_model_layers_spec(const castor_model *model, char *buf, size_t size);
 /* Copy the current variables (all kernels and biases, in the flat layout:
  * layer 0 kernel (in x out, row-major), layer 0 bias (out), layer 1 ...)
- * out of / into the model. count is in floats and must equal num_params. */
+ * out of / into the model. count is in floats and must equal num_params.
+ * set_params also recovers a mirrored model whose replicas may disagree
+ * after a device failed mid-update; its optimizer state then goes back to
+ * the host's last copy of it (taken at compile, load, or the last
+ * get_params or save), as the replicas' own can no longer be trusted. */
 CASTOR_API int castor_model_get_params(castor_model *model, float *dst, size_t count);
 CASTOR_API int castor_model_set_params(castor_model *model, const float *src, size_t count);
 /* Optimizer steps taken so far. */
