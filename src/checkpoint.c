@@ -88,6 +88,9 @@ static int loss_parse(const char *s, castor_loss *out)
     return 0;
 }
 
+/* The largest step, epoch or step in an epoch a checkpoint may hold. */
+#define CKPT_MAX_POSITION 999999999999ull
+
 /* A whole decimal number, digits only (no sign, no spaces), <= max. */
 static int parse_uint(const char *s, uint64_t max, uint64_t *out)
 {
@@ -98,7 +101,7 @@ static int parse_uint(const char *s, uint64_t max, uint64_t *out)
         if (*p < '0' || *p > '9')
             return -1;
         unsigned d = (unsigned)(*p - '0');
-        if (v > (max - d) / 10)
+        if (d > max || v > (max - d) / 10)
             return -1;
         v = v * 10 + d;
     }
@@ -280,8 +283,11 @@ static int read_info(const castor__st_file *f, const char *path, ckpt_info *info
     for (size_t i = 0; i < 3; i++) {
         if ((rc = need(f, path, ikeys[i], &v, err, errlen)))
             return rc;
-        if (parse_uint(v, INT64_MAX, &u))
-            return bad_value(path, ikeys[i], v, "a whole number >= 0", err, errlen);
+        /* Checkpoint names hold 12 digits of step, and a step counter near
+         * INT64_MAX would overflow as training goes on. */
+        if (parse_uint(v, CKPT_MAX_POSITION, &u))
+            return bad_value(path, ikeys[i], v, "a whole number from 0 to 999999999999", err,
+                             errlen);
         *ivals[i] = (int64_t)u;
     }
     if ((rc = need(f, path, "epoch_batch", &v, err, errlen)))
@@ -296,7 +302,7 @@ static int read_info(const castor__st_file *f, const char *path, ckpt_info *info
     if ((rc = need(f, path, "crc32", &v, err, errlen)))
         return rc;
     size_t len = strlen(v);
-    if (len == 0 || len > 8 || strspn(v, "0123456789abcdefABCDEF") != len)
+    if (len != 8 || strspn(v, "0123456789abcdefABCDEF") != len)
         return bad_value(path, "crc32", v, "8 hex digits", err, errlen);
     info->crc = (uint32_t)strtoul(v, NULL, 16);
     return CASTOR_OK;
@@ -501,6 +507,25 @@ int castor_model_load(castor_model *m, const char *path)
     return rc;
 }
 
+/* Whether the file's tensors hold at least as many floats as the
+ * architecture in its metadata needs (variables and optimizer slots); names
+ * and shapes, and tensors to spare, are checked one by one after compile. */
+static int check_size_claim(castor_model *m, const castor__st_file *f,
+                            const castor_optimizer *opt, const char *path)
+{
+    uint64_t in_file = 0;
+    for (size_t i = 0; i < f->n_tensors; i++)
+        in_file += f->tensors[i].count;  /* each <= the file's length: no overflow */
+    uint64_t need = (uint64_t)m->n_params * (uint64_t)(1 + castor__optim_slots(opt));
+    if (in_file >= need)
+        return CASTOR_OK;
+    return castor__model_fail(m, CASTOR_FORMAT,
+                              "%s: __metadata__ describes %zu parameters (%" PRIu64
+                              " floats with the optimizer state), but the tensors hold only "
+                              "%" PRIu64,
+                              path, m->n_params, need, in_file);
+}
+
 int castor_model_open(castor_model **out, const char *path, castor_strategy *strategy)
 {
     if (!out)
@@ -533,14 +558,20 @@ int castor_model_open(castor_model **out, const char *path, castor_strategy *str
         castor__st_free(&f);
         return rc;
     }
-    if (!rc) {
+    if (!rc)
         rc = castor_model_add_layers(m, info.layers);
-        if (rc && rc != CASTOR_NOMEM)
-            rc = CASTOR_FORMAT;
-    }
+    if (rc && rc != CASTOR_NOMEM)
+        rc = CASTOR_FORMAT;  /* the file is wrong, not the caller's arguments */
     if (rc) {
         snprintf(err, sizeof err, "%s", m->errmsg);
         castor__model_fail(m, rc, "%s: bad architecture in __metadata__: %.400s", path, err);
+        castor__st_free(&f);
+        return rc;
+    }
+    /* The metadata alone decides how much compile allocates: a few bytes of
+     * it could ask for gigabytes. Hold it to the tensors the file really
+     * carries before allocating anything for it. */
+    if ((rc = check_size_claim(m, &f, &info.opt, path))) {
         castor__st_free(&f);
         return rc;
     }

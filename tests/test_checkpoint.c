@@ -967,3 +967,78 @@ Test(checkpoint, python_safetensors_reads_it)
     snap_free(&s);
     teardown(&fx);
 }
+
+/* ---- metadata that lies about sizes and positions (review findings) ---------------------- */
+
+static void huge_step(parts *p)
+{
+    char *at = strstr(p->header, "\"step\":\"");
+    cr_assert(at);
+    char *end = strchr(at + 8, '"');
+    size_t old = (size_t)(end - (at + 8));
+    char *h = malloc(strlen(p->header) + 32);
+    memcpy(h, p->header, (size_t)(at + 8 - p->header));
+    strcpy(h + (at + 8 - p->header), "9223372036854775807");
+    strcat(h, at + 8 + old);
+    free(p->header);
+    p->header = h;
+}
+static void nesterov_seven(parts *p) { edit(p, "\"nesterov\":\"0\"", "\"nesterov\":\"7\""); }
+static void huge_input(parts *p)
+{
+    edit(p, "\"input_features\":\"12\"", "\"input_features\":\"20000000\"");
+}
+
+Test(checkpoint, step_past_what_a_checkpoint_name_holds)
+{
+    /* INT64_MAX passed before, and training on from it overflowed. */
+    corrupt_case(huge_step, CASTOR_FORMAT, "'step'");
+}
+
+Test(checkpoint, nesterov_must_be_0_or_1)
+{
+    /* '7' passed the bounded parse before: (max - digit) wrapped. */
+    corrupt_case(nesterov_seven, CASTOR_FORMAT, "'nesterov'");
+}
+
+Test(checkpoint, open_bad_input_features_is_a_format_error)
+{
+    fixture fx;
+    setup(&fx);
+    parts p = split_file(fx.good);
+    huge_input(&p);
+    write_parts(&p, fx.bad);
+    parts_free(&p);
+    castor_strategy *s = make_strategy(CASTOR_STRATEGY_CENTRAL, "cpu");
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_open(&m, fx.bad, s), CASTOR_FORMAT, "%s",
+                 castor_model_errmsg(m));
+    cr_assert(strstr(castor_model_errmsg(m), "bad architecture"), "%s", castor_model_errmsg(m));
+    castor_model_free(m);
+    castor_strategy_free(s);
+    teardown(&fx);
+}
+
+Test(checkpoint, open_holds_the_metadata_to_the_tensors_before_allocating)
+{
+    /* A few bytes of metadata asking for a much larger model: open refuses
+     * it from the tensors' sizes before compile allocates for it. */
+    fixture fx;
+    setup(&fx);
+    parts p = split_file(fx.good);
+    edit(&p, "\"layers\":\"16:tanh,", "\"layers\":\"4096:tanh,");
+    write_parts(&p, fx.bad);
+    parts_free(&p);
+    castor_strategy *s = make_strategy(CASTOR_STRATEGY_CENTRAL, "cpu");
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_open(&m, fx.bad, s), CASTOR_FORMAT, "%s",
+                 castor_model_errmsg(m));
+    const char *msg = castor_model_errmsg(m);
+    cr_assert(strstr(msg, fx.bad) && strstr(msg, "the tensors hold"), "%s", msg);
+    castor_model_free(m);
+    /* nothing was compiled onto the strategy: it takes a model at once */
+    castor_model *ok = make_model(s, LAYERS, make_opt(CASTOR_OPT_ADAM), 1);
+    castor_model_free(ok);
+    castor_strategy_free(s);
+    teardown(&fx);
+}
