@@ -683,5 +683,21 @@ else
         "$(diff <(echo "$before") <(echo "$after"); ls -d "$T/ck-new" "$T/never.safetensors" 2>&1)"
 fi
 
+# ---- a model whose layer spec is long still opens: castor reads back what it wrote ---------
+LONG_LAYERS=$(python3 -c "print(','.join(['16:sigmoid'] * 60 + ['10']))")
+LONG="$T/long.safetensors"
+run train --data "$DATA" --layers "$LONG_LAYERS" --devices cpu --epochs 1 --batch 64 --seed 1 \
+    --save "$LONG" --quiet
+if [[ $rc -eq 0 ]]; then
+    run eval --model "$LONG" --data "$DATA" --devices cpu --json
+    if [[ $rc -eq 0 ]] && tail -n 1 "$T/out" | grep -q '"test_accuracy"'; then
+        ok "eval a model of 61 layers (a ${#LONG_LAYERS}-character spec)"
+    else
+        bad "eval a model of 61 layers: status $rc" "$(cat "$T/err")"
+    fi
+else
+    bad "train a model of 61 layers: status $rc" "$(cat "$T/err")"
+fi
+
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

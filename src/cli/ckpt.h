@@ -24,6 +24,9 @@
 #include <stdint.h>
 
 #define CLI_PATH_MAX 4096
+/* A layer spec as castor writes it: up to 1024 layers (src/model.c) of at
+ * most "16777216:sigmoid," each. */
+#define CLI_LAYERS_MAX (1024 * 24)
 
 /* DIR/ckpt-<step>.safetensors into buf; -1 if it does not fit. */
 int cli_ckpt_path(char *buf, size_t size, const char *dir, int64_t step);
@@ -44,7 +47,7 @@ int cli_mkdir_p(const char *dir, char *err, size_t errlen);
 
 typedef struct cli_ckpt_meta {
     int input_features;
-    char layers[512];     /* "128:relu,10:linear" */
+    char layers[CLI_LAYERS_MAX]; /* "128:relu,10:linear" */
     char loss[16];        /* "softmax_xent" or "mse" */
     char optimizer[16];   /* "sgd", "adam", "adamw" */
     double learning_rate, momentum, weight_decay;

@@ -129,7 +129,7 @@ typedef struct model_cmd {
     castor_model *m;
     castor_dataset *test;
     cli_ckpt_meta meta;
-    char layers[512];
+    char layers[CLI_LAYERS_MAX];
 } model_cmd;
 
 /* Starts *c afresh for the command cmd ("eval" or "predict"), so the two

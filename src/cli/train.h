@@ -58,7 +58,7 @@ typedef struct train_run {
     double fit_seconds;
     castor_metrics train_m, test_m;
     double val_loss, val_accuracy; /* at the last epoch end; NaN without */
-    char layers_spec[512];
+    char layers_spec[CLI_LAYERS_MAX];
     float lr;                 /* the learning rate in effect */
     /* --resume */
     char resumed_from[CLI_PATH_MAX]; /* "" for a fresh model */
