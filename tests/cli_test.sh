@@ -164,6 +164,8 @@ expect_error 2 "--batch 0" train --batch 0
 expect_error 2 "--lr 0" train --lr 0
 expect_error 2 "--lr nan" train --lr nan
 expect_error 2 "--lr inf" train --lr inf
+# checked as a flag, before any data loads (the directory does not exist)
+expect_error 2 "--lr 1e-50 (zero as a float)" train --data "$T/no-such-dir" --lr 1e-50
 expect_error 2 "--lr -0.1" train --lr -0.1
 expect_error 2 "--lr 1e999" train --lr 1e999
 expect_error 2 "--momentum 1" train --optimizer sgd --momentum 1

@@ -181,6 +181,12 @@ int cli_parse_double(const char *flag, const char *s, double lo, int lo_open, do
         cli_errorf("--%s %s: not a finite number", flag, s);
         return -1;
     }
+    /* The library holds these values as floats: one that only a double can
+     * tell from zero would pass here and fail later, after the data loads. */
+    if (v != 0.0 && (float)v == 0.0f) {
+        cli_errorf("--%s %s: too close to 0 for a 32-bit float", flag, s);
+        return -1;
+    }
     int below = lo_open ? !(v > lo) : !(v >= lo);
     int above = hi_open ? !(v < hi) : !(v <= hi);
     if (below || above) {
