@@ -93,9 +93,24 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.cu.o: %.cu
+# Dependency files for the .cu objects, as ALL_CFLAGS has for the C ones: nvcc
+# writes $(@:.o=.d) beside the object, where the -include at the end finds it.
+# Kept out of NVCCFLAGS so that overriding NVCCFLAGS keeps them.
+NVCC_DEPFLAGS = -MMD -MP -MF $(@:.o=.d)
+
+# The nvcc flags (the arch list among them) the .cu objects were built with;
+# rewritten only when they differ, so that a new CUDA_ARCHS (or NVCCFLAGS)
+# rebuilds the .cu objects and an unchanged one rebuilds nothing.
+CUDA_FLAGS_STAMP = $(BUILD)/cuda-flags
+$(CUDA_FLAGS_STAMP): cuda-flags-force
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	@printf '%s\n' '$(NVCC) $(NVCCFLAGS)' | cmp -s - $@ || \
+	    printf '%s\n' '$(NVCC) $(NVCCFLAGS)' > $@
+.PHONY: cuda-flags-force
+
+$(BUILD)/obj/%.cu.o: %.cu $(CUDA_FLAGS_STAMP)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) $(NVCC_DEPFLAGS) -c $< -o $@
 
 # ---- tests ----
 $(BUILD)/castor-tests: $(TEST_OBJ) $(BUILD)/libcastor.a

@@ -35,8 +35,10 @@ int castor__host_alloc(castor__host_buf *buf, size_t bytes, int use_cuda)
             *buf = (castor__host_buf){ptr, bytes, HOW_CUDA, 1};
             return CASTOR_OK;
         }
-        /* The error is sticky: clear it so the next CUDA call does not
-         * report it; ordinary locked memory still works. */
+        /* Not sticky, but the runtime keeps it as this thread's last error
+         * until it is read: clear it, or the next CUDA call's check (a kernel
+         * launch's cudaGetLastError) would report it as its own. Ordinary
+         * locked memory still works. */
         (void)cudaGetLastError();
     }
 #else

@@ -16,11 +16,26 @@
 #include "device/cuda/context.h"
 #include "device/cuda/kernels.h"
 
+extern "C" {
+#include "host/optim.h"
+}
+
 namespace {
 
-int misuse(cdev *dev, const char *what, int value)
+/* The argument checks are the CPU backend's (device/cpu/cpu_device.c), with
+ * the same statuses and messages, so a bad call gets the same answer from
+ * either backend; here they also keep a NULL buffer or a bad size from
+ * reaching a kernel (a fault that loses the context) or cuBLAS. */
+int bad_args(cdev *dev, const char *op)
 {
-    return cdev_fail(dev, CASTOR_MISUSE, "%s: %s (%d)", dev->name, what, value);
+    return cdev_fail(dev, CASTOR_MISUSE, "%s: %s called with a NULL buffer or negative size",
+                     dev->name, op);
+}
+
+int bad_stream(cdev *dev, const char *op, int stream)
+{
+    return cdev_fail(dev, CASTOR_MISUSE, "%s: %s on stream %d, which does not exist (0..%d)",
+                     dev->name, op, stream, CDEV_NUM_STREAMS - 1);
 }
 
 bool stream_ok(int stream)
@@ -120,7 +135,9 @@ void cuda_release(cdev *dev, void *d_ptr)
 int cuda_memset0(cdev *dev, int stream, void *d_dst, size_t bytes)
 {
     if (!stream_ok(stream))
-        return misuse(dev, "memset0 on a stream that does not exist", stream);
+        return bad_stream(dev, "memset0", stream);
+    if (!d_dst && bytes)
+        return bad_args(dev, "memset0");
     if (bytes == 0)
         return CASTOR_OK;
     CUDA_ENTER(dev);
@@ -131,7 +148,9 @@ int cuda_memset0(cdev *dev, int stream, void *d_dst, size_t bytes)
 int cuda_copy_h2d(cdev *dev, int stream, void *d_dst, const void *h_src, size_t bytes)
 {
     if (!stream_ok(stream))
-        return misuse(dev, "copy_h2d on a stream that does not exist", stream);
+        return bad_stream(dev, "copy_h2d", stream);
+    if ((!d_dst || !h_src) && bytes)
+        return bad_args(dev, "copy_h2d");
     if (bytes == 0)
         return CASTOR_OK;
     CUDA_ENTER(dev);
@@ -143,7 +162,9 @@ int cuda_copy_h2d(cdev *dev, int stream, void *d_dst, const void *h_src, size_t 
 int cuda_copy_d2h(cdev *dev, int stream, void *h_dst, const void *d_src, size_t bytes)
 {
     if (!stream_ok(stream))
-        return misuse(dev, "copy_d2h on a stream that does not exist", stream);
+        return bad_stream(dev, "copy_d2h", stream);
+    if ((!h_dst || !d_src) && bytes)
+        return bad_args(dev, "copy_d2h");
     if (bytes == 0)
         return CASTOR_OK;
     CUDA_ENTER(dev);
@@ -155,7 +176,9 @@ int cuda_copy_d2h(cdev *dev, int stream, void *h_dst, const void *d_src, size_t 
 int cuda_copy_d2d(cdev *dev, int stream, void *d_dst, const void *d_src, size_t bytes)
 {
     if (!stream_ok(stream))
-        return misuse(dev, "copy_d2d on a stream that does not exist", stream);
+        return bad_stream(dev, "copy_d2d", stream);
+    if ((!d_dst || !d_src) && bytes)
+        return bad_args(dev, "copy_d2d");
     if (bytes == 0)
         return CASTOR_OK;
     CUDA_ENTER(dev);
@@ -166,6 +189,8 @@ int cuda_copy_d2d(cdev *dev, int stream, void *d_dst, const void *d_src, size_t 
 
 int cuda_event_create(cdev *dev, cdev_event **out)
 {
+    if (!out)
+        return bad_args(dev, "event_create");
     *out = NULL;
     CUDA_ENTER(dev);
     cudaEvent_t ev = NULL;
@@ -187,7 +212,9 @@ void cuda_event_destroy(cdev *dev, cdev_event *ev)
 int cuda_event_record(cdev *dev, cdev_event *ev, int stream)
 {
     if (!stream_ok(stream))
-        return misuse(dev, "event_record on a stream that does not exist", stream);
+        return bad_stream(dev, "event_record", stream);
+    if (!ev)
+        return bad_args(dev, "event_record");
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, cudaEventRecord(to_cuda_event(ev), stream_of(dev, stream)));
     return CASTOR_OK;
@@ -196,7 +223,10 @@ int cuda_event_record(cdev *dev, cdev_event *ev, int stream)
 int cuda_stream_wait(cdev *dev, int stream, cdev_event *ev)
 {
     if (!stream_ok(stream))
-        return misuse(dev, "stream_wait on a stream that does not exist", stream);
+        return bad_stream(dev, "stream_wait", stream);
+    /* Waiting on an event never recorded is legal (a no-op); NULL is not. */
+    if (!ev)
+        return bad_args(dev, "stream_wait");
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, cudaStreamWaitEvent(stream_of(dev, stream), to_cuda_event(ev), 0));
     return CASTOR_OK;
@@ -222,27 +252,32 @@ int cuda_gemm(cdev *dev, int trans_a, int trans_b, int m, int n, int k, float al
               const float *d_a, int lda, const float *d_b, int ldb, float beta, float *d_c,
               int ldc)
 {
-    if (m < 0 || n < 0 || k < 0)
-        return cdev_fail(dev, CASTOR_INVALID, "%s: gemm with a negative size (m %d, n %d, k %d)",
-                         dev->name, m, n, k);
+    if (!d_a || !d_b || !d_c || m < 0 || n < 0 || k < 0)
+        return bad_args(dev, "gemm");
+    /* The CPU backend's bounds, which are also cuBLAS's: a row-major row
+     * stride is the column-major leading dimension of the transpose. */
+    int a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
+    if (lda < (a_cols > 1 ? a_cols : 1) || ldb < (b_cols > 1 ? b_cols : 1) ||
+        ldc < (n > 1 ? n : 1))
+        return cdev_fail(dev, CASTOR_MISUSE,
+                         "%s: gemm %c%c m %d n %d k %d with lda %d ldb %d ldc %d: a leading "
+                         "dimension is shorter than its row",
+                         dev->name, trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, lda, ldb,
+                         ldc);
     if (m == 0 || n == 0)
         return CASTOR_OK;
     CUDA_ENTER(dev);
-    castor__cuda_ctx *ctx = castor__cuda_ctx_of(dev);
     if (k == 0) {
-        /* An empty product: C = beta C, as BLAS defines it. Done here since
-         * cuBLAS does not document what it does with k == 0. */
-        if (beta == 0.0f)
-            CUDA_CHECK(dev, cudaMemset2DAsync(d_c, (size_t)ldc * sizeof(float), 0,
-                                              (size_t)n * sizeof(float), (size_t)m,
-                                              compute_stream(dev)));
-        else if (beta != 1.0f && ldc == n)
-            CUBLAS_CHECK(dev, cublasSscal(ctx->blas, m * n, &beta, d_c, 1));
-        else if (beta != 1.0f)
-            for (int r = 0; r < m; r++)
-                CUBLAS_CHECK(dev, cublasSscal(ctx->blas, n, &beta, d_c + (size_t)r * ldc, 1));
+        /* An empty product: C = beta C, as BLAS defines it and the CPU
+         * backend (OpenBLAS) does it: beta 1 leaves C alone, beta 0 writes
+         * zeros without reading C (a stale NaN does not survive), any other
+         * beta multiplies. Done here since cuBLAS does not document k == 0;
+         * one kernel counting in size_t, so m * n may pass INT_MAX. */
+        if (beta != 1.0f)
+            CUDA_CHECK(dev, castor__cuda_scale(compute_stream(dev), d_c, m, n, ldc, beta));
         return CASTOR_OK;
     }
+    castor__cuda_ctx *ctx = castor__cuda_ctx_of(dev);
     CUBLAS_CHECK(dev, cublasSgemm(ctx->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                   trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, d_b, ldb,
                                   d_a, lda, &beta, d_c, ldc));
@@ -251,8 +286,8 @@ int cuda_gemm(cdev *dev, int trans_a, int trans_b, int m, int n, int k, float al
 
 int cuda_bias_add(cdev *dev, float *d_y, const float *d_bias, int rows, int cols)
 {
-    if (rows < 0 || cols < 0)
-        return cdev_fail(dev, CASTOR_INVALID, "%s: bias_add on %d x %d", dev->name, rows, cols);
+    if (!d_y || !d_bias || rows < 0 || cols < 0)
+        return bad_args(dev, "bias_add");
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, castor__cuda_bias_add(compute_stream(dev), d_y, d_bias, rows, cols));
     return CASTOR_OK;
@@ -260,8 +295,8 @@ int cuda_bias_add(cdev *dev, float *d_y, const float *d_bias, int rows, int cols
 
 int cuda_bias_grad(cdev *dev, const float *d_dy, float *d_db, int rows, int cols)
 {
-    if (rows < 0 || cols < 0)
-        return cdev_fail(dev, CASTOR_INVALID, "%s: bias_grad on %d x %d", dev->name, rows, cols);
+    if (!d_dy || !d_db || rows < 0 || cols < 0)
+        return bad_args(dev, "bias_grad");
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, castor__cuda_bias_grad(compute_stream(dev), d_dy, d_db, rows, cols));
     return CASTOR_OK;
@@ -275,6 +310,8 @@ bool act_ok(castor_activation act)
 
 int cuda_act_forward(cdev *dev, castor_activation act, float *d_y, size_t n)
 {
+    if (!d_y && n)
+        return bad_args(dev, "act_forward");
     if (!act_ok(act))
         return cdev_fail(dev, CASTOR_INVALID, "%s: unknown activation %d", dev->name, (int)act);
     CUDA_ENTER(dev);
@@ -284,6 +321,8 @@ int cuda_act_forward(cdev *dev, castor_activation act, float *d_y, size_t n)
 
 int cuda_act_backward(cdev *dev, castor_activation act, const float *d_y, float *d_dy, size_t n)
 {
+    if ((!d_y || !d_dy) && n)
+        return bad_args(dev, "act_backward");
     if (!act_ok(act))
         return cdev_fail(dev, CASTOR_INVALID, "%s: unknown activation %d", dev->name, (int)act);
     CUDA_ENTER(dev);
@@ -294,9 +333,10 @@ int cuda_act_backward(cdev *dev, castor_activation act, const float *d_y, float 
 int cuda_softmax_xent(cdev *dev, const float *d_logits, const int32_t *d_labels, int rows,
                       int cols, float grad_scale, float *d_dlogits, float *d_row_stats)
 {
-    if (rows < 0 || cols <= 0)
-        return cdev_fail(dev, CASTOR_INVALID, "%s: softmax_xent on %d x %d", dev->name, rows,
-                         cols);
+    /* Labels are not checked here (the CPU backend refuses a bad one): that
+     * would mean reading them back; the kernel gives such a row a NaN loss. */
+    if (!d_logits || !d_labels || !d_row_stats || rows < 0 || cols <= 0)
+        return bad_args(dev, "softmax_xent");
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, castor__cuda_softmax_xent(compute_stream(dev), d_logits, d_labels, rows,
                                               cols, grad_scale, d_dlogits, d_row_stats));
@@ -306,8 +346,8 @@ int cuda_softmax_xent(cdev *dev, const float *d_logits, const int32_t *d_labels,
 int cuda_mse(cdev *dev, const float *d_pred, const float *d_target, int rows, int cols,
              float grad_scale, float *d_dpred, float *d_row_stats)
 {
-    if (rows < 0 || cols <= 0)
-        return cdev_fail(dev, CASTOR_INVALID, "%s: mse on %d x %d", dev->name, rows, cols);
+    if (!d_pred || !d_target || !d_row_stats || rows < 0 || cols <= 0)
+        return bad_args(dev, "mse");
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, castor__cuda_mse(compute_stream(dev), d_pred, d_target, rows, cols,
                                      grad_scale, d_dpred, d_row_stats));
@@ -316,6 +356,8 @@ int cuda_mse(cdev *dev, const float *d_pred, const float *d_target, int rows, in
 
 int cuda_add(cdev *dev, float *d_dst, const float *d_src, size_t n)
 {
+    if ((!d_dst || !d_src) && n)
+        return bad_args(dev, "add");
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, castor__cuda_add(compute_stream(dev), d_dst, d_src, n));
     return CASTOR_OK;
@@ -324,17 +366,19 @@ int cuda_add(cdev *dev, float *d_dst, const float *d_src, size_t n)
 int cuda_optimizer_step(cdev *dev, const castor_optimizer *opt, float *d_params,
                         const float *d_grads, float *d_state, size_t n, int64_t step)
 {
-    if (!opt)
-        return cdev_fail(dev, CASTOR_MISUSE, "%s: optimizer_step without an optimizer",
-                         dev->name);
+    if (!opt || ((!d_params || !d_grads) && n))
+        return bad_args(dev, "optimizer_step");
     if (opt->kind != CASTOR_OPT_SGD && opt->kind != CASTOR_OPT_ADAM &&
         opt->kind != CASTOR_OPT_ADAMW)
         return cdev_fail(dev, CASTOR_INVALID, "%s: unknown optimizer kind %d", dev->name,
                          (int)opt->kind);
-    int stateful = opt->kind != CASTOR_OPT_SGD || opt->momentum != 0.0f;
-    if (stateful && !d_state && n > 0)
+    if (castor__optim_slots(opt) > 0 && !d_state && n)
         return cdev_fail(dev, CASTOR_MISUSE, "%s: %s needs optimizer state on the device",
                          dev->name, castor_optimizer_kind_name(opt->kind));
+    /* As on the CPU: Adam's bias correction divides by 1 - beta1^step. */
+    if (step < 1)
+        return cdev_fail(dev, CASTOR_MISUSE, "%s: optimizer step %lld (steps count from 1)",
+                         dev->name, (long long)step);
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, castor__cuda_optimizer_step(compute_stream(dev), opt, d_params, d_grads,
                                                 d_state, n, step));

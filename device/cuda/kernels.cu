@@ -10,7 +10,6 @@
  * code rounds the product first (C11 does not contract a*b+c into an FMA),
  * the __fmul_rn intrinsic keeps nvcc from fusing it either.
  */
-#include <climits>
 #include <cmath>
 
 #include "device/cuda/kernels.h"
@@ -104,7 +103,8 @@ struct ArgMax {
 };
 
 /* The larger value; on a tie the lower index, so the result is the row's
- * first maximum whatever order the partial results meet in. */
+ * first maximum whatever order the partial results meet in. A NaN is never
+ * larger (it compares false), and a NaN already held is never replaced. */
 __device__ __forceinline__ ArgMax argmax_pick(ArgMax a, ArgMax b)
 {
     return (b.v > a.v || (b.v == a.v && b.i < a.i)) ? b : a;
@@ -130,6 +130,16 @@ __device__ ArgMax block_argmax(ArgMax m, float *scratch_v, int *scratch_i)
 }
 
 /* ---- kernels ---- */
+
+/* c (rows x cols, row stride ld; n = rows * cols) = beta c; beta 0 writes
+ * zeros without reading c, as BLAS's beta does. */
+__global__ void scale_kernel(float *c, size_t n, size_t cols, size_t ld, float beta)
+{
+    for (size_t i = grid_start(); i < n; i += grid_stride()) {
+        float *p = c + (i / cols) * ld + i % cols;
+        *p = beta == 0.0f ? 0.0f : beta * *p;
+    }
+}
 
 __global__ void bias_add_kernel(float *y, const float *bias, size_t n, size_t cols)
 {
@@ -173,7 +183,13 @@ __global__ void softmax_xent_kernel(const float *logits, const int32_t *labels, 
     const size_t r = blockIdx.x;
     const float *x = logits + r * (size_t)cols;
 
-    ArgMax best = {-INFINITY, INT_MAX};
+    /* The CPU backend's scan starts at x[0] and moves only to a later column
+     * that is greater ('>'): the first maximum, a NaN past column 0 never
+     * taken, and a NaN in x[0] kept (nothing is greater than it). Seeding
+     * every thread's partial with column 0 gives the same index: if x[0] is
+     * NaN every partial stays {NaN, 0}; otherwise each is a non-NaN value at
+     * least x[0], and the tree takes the largest, the lowest index on a tie. */
+    ArgMax best = {x[0], 0};
     for (int c = threadIdx.x; c < cols; c += blockDim.x)
         best = argmax_pick(best, ArgMax{x[c], c});
     best = block_argmax(best, scratch_v, scratch_i);
@@ -232,6 +248,17 @@ __global__ void add_kernel(float *dst, const float *src, size_t n)
 }  // namespace
 
 /* ---- host launchers ---- */
+
+cudaError_t castor__cuda_scale(cudaStream_t s, float *c, int rows, int cols, int ld, float beta)
+{
+    if (rows <= 0 || cols <= 0)
+        return cudaSuccess;
+    if (ld < cols)
+        return cudaErrorInvalidValue;
+    size_t n = (size_t)rows * (size_t)cols;
+    scale_kernel<<<blocks_for(n), kBlock, 0, s>>>(c, n, (size_t)cols, (size_t)ld, beta);
+    return cudaGetLastError();
+}
 
 cudaError_t castor__cuda_bias_add(cudaStream_t s, float *y, const float *bias, int rows, int cols)
 {

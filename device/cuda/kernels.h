@@ -19,6 +19,10 @@
 
 #include "castor.h"
 
+/* c (rows x cols, row stride ld >= cols) = beta * c; beta 0 writes zeros
+ * without reading c. Any rows * cols (counted in size_t). */
+cudaError_t castor__cuda_scale(cudaStream_t s, float *c, int rows, int cols, int ld,
+                               float beta);
 /* y (rows x cols) += bias (cols) on every row */
 cudaError_t castor__cuda_bias_add(cudaStream_t s, float *y, const float *bias, int rows,
                                   int cols);

@@ -31,6 +31,10 @@
 #define TOL_FP32 1e-5
 #define TOL_TF32 1e-2
 #define CPU_BUDGET ((size_t)1 << 30)
+/* More elements than one pass of the element-wise kernels' grid covers
+ * (kMaxBlocks 4096 x kBlock 256 = 1 << 20), and not a multiple of a block:
+ * the grid-stride loops take three passes, the last with three elements. */
+#define BIG_N (((size_t)1 << 21) + 3)
 
 /* Every test that needs a GPU starts with this; cr_skip_test ends it. */
 #define REQUIRE_GPU()                                                                    \
@@ -276,6 +280,144 @@ Test(cuda, bad_stream_is_misuse)
     twin_close(&t);
 }
 
+/* The same refusal from both backends: the status asked for, and the same
+ * message once each device's name is taken off the front. */
+static void expect_refused(twin *t, const char *call, int want, const int rc[2])
+{
+    const char *msg[2];
+    for (int i = 0; i < 2; i++) {
+        const cdev *d = t->dev[i];
+        size_t len = strlen(d->name);
+        msg[i] = strncmp(d->errmsg, d->name, len) == 0 ? d->errmsg + len : d->errmsg;
+    }
+    cr_expect_eq(rc[CPU], want, "cpu: %s returned %d, want %d: %s", call, rc[CPU], want,
+                 t->dev[CPU]->errmsg);
+    cr_expect_eq(rc[GPU], want, "gpu: %s returned %d, want %d: %s", call, rc[GPU], want,
+                 t->dev[GPU]->errmsg);
+    cr_expect(strcmp(msg[GPU], msg[CPU]) == 0, "%s: the messages differ:\n  %s\n  %s", call,
+              t->dev[GPU]->errmsg, t->dev[CPU]->errmsg);
+}
+
+/* Run expr on both devices (d, i as in ON_BOTH) and expect it refused alike. */
+#define EXPECT_REFUSED(t, want, expr)                                                    \
+    do {                                                                                 \
+        int rc_[2];                                                                      \
+        for (int i = 0; i < 2; i++) {                                                    \
+            cdev *d = (t).dev[i];                                                        \
+            d->errmsg[0] = '\0';                                                         \
+            rc_[i] = (expr);                                                             \
+        }                                                                                \
+        expect_refused(&(t), #expr, (want), rc_);                                        \
+    } while (0)
+
+/* Bad arguments get the CPU backend's answer (device/cpu/cpu_device.c) from
+ * the CUDA backend too, and none reaches a kernel or cuBLAS: afterwards the
+ * GPU still works, with no error left behind for the next launch. */
+Test(cuda, bad_arguments_refused_as_on_cpu)
+{
+    REQUIRE_GPU();
+    enum { N = 64 };
+    twin t = twin_open(0);
+    tbuf x = tb_alloc(&t, N * sizeof(float)), y = tb_alloc(&t, N * sizeof(float));
+    tbuf z = tb_alloc(&t, N * sizeof(float)), lab = tb_alloc(&t, N * sizeof(int32_t));
+    ON_BOTH(t, d->iface->memset0(d, CDEV_STREAM_COMPUTE, x.d[i], x.bytes));
+    ON_BOTH(t, d->iface->memset0(d, CDEV_STREAM_COMPUTE, lab.d[i], lab.bytes));
+    float h[N] = {0};
+    cdev_event *ev[2] = {NULL, NULL};
+    ON_BOTH(t, d->iface->event_create(d, &ev[i]));
+    const castor_optimizer sgd = castor_optimizer_defaults(CASTOR_OPT_SGD);
+    const castor_optimizer adam = castor_optimizer_defaults(CASTOR_OPT_ADAM);
+    castor_optimizer bogus = sgd;
+    bogus.kind = (castor_optimizer_kind)99;
+    const castor_activation no_act = (castor_activation)99;
+    const int32_t *L[2] = {lab.d[0], lab.d[1]};
+
+    /* copies, streams and events */
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->memset0(d, CDEV_STREAM_COMPUTE, NULL, 4));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->memset0(d, CDEV_NUM_STREAMS, x.d[i], 4));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->copy_h2d(d, CDEV_STREAM_H2D, NULL, h, 4));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->copy_h2d(d, CDEV_STREAM_H2D, x.d[i], NULL, 4));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->copy_d2h(d, CDEV_STREAM_D2H, NULL, x.d[i], 4));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->copy_d2h(d, -1, h, x.d[i], 4));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->copy_d2d(d, CDEV_STREAM_COMPUTE, x.d[i], NULL, 4));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->event_create(d, NULL));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->event_record(d, NULL, CDEV_STREAM_COMPUTE));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->event_record(d, ev[i], 5));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->stream_wait(d, CDEV_STREAM_D2H, NULL));
+
+    /* gemm: NULL operands, negative sizes, short leading dimensions */
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->gemm(d, 0, 0, 2, 2, 2, 1.0f, NULL, 2, F(y, i), 2,
+                                                    0.0f, F(z, i), 2));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->gemm(d, 0, 0, 0, 2, 2, 1.0f, F(x, i), 2, F(y, i),
+                                                    2, 0.0f, NULL, 2));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->gemm(d, 0, 0, -1, 2, 2, 1.0f, F(x, i), 2, F(y, i),
+                                                    2, 0.0f, F(z, i), 2));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->gemm(d, 0, 0, 2, 2, -1, 1.0f, F(x, i), 2, F(y, i),
+                                                    2, 0.0f, F(z, i), 2));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->gemm(d, 0, 0, 4, 4, 8, 1.0f, F(x, i), 7, F(y, i),
+                                                    4, 0.0f, F(z, i), 4));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->gemm(d, 1, 0, 8, 4, 4, 1.0f, F(x, i), 4, F(y, i),
+                                                    4, 0.0f, F(z, i), 4));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->gemm(d, 0, 1, 2, 2, 5, 1.0f, F(x, i), 5, F(y, i),
+                                                    4, 0.0f, F(z, i), 2));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->gemm(d, 0, 0, 2, 4, 2, 1.0f, F(x, i), 2, F(y, i),
+                                                    4, 0.0f, F(z, i), 3));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->gemm(d, 0, 0, 2, 2, 0, 1.0f, F(x, i), 0, F(y, i),
+                                                    2, 0.0f, F(z, i), 2));
+
+    /* layers and losses */
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->bias_add(d, NULL, F(y, i), 2, 2));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->bias_add(d, F(x, i), F(y, i), -1, 2));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->bias_grad(d, F(x, i), NULL, 2, 2));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->bias_grad(d, F(x, i), F(y, i), 2, -3));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->act_forward(d, CASTOR_ACT_RELU, NULL, 4));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->act_backward(d, CASTOR_ACT_TANH, F(x, i), NULL, 4));
+    EXPECT_REFUSED(t, CASTOR_INVALID, d->iface->act_forward(d, no_act, F(x, i), 4));
+    EXPECT_REFUSED(t, CASTOR_INVALID, d->iface->act_backward(d, no_act, F(x, i), F(y, i), 4));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->softmax_xent(d, F(x, i), NULL, 2, 4, 1.0f, NULL,
+                                                            F(y, i)));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->softmax_xent(d, F(x, i), L[i], 2, 4, 1.0f,
+                                                            F(z, i), NULL));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->softmax_xent(d, F(x, i), L[i], 2, 0, 1.0f, NULL,
+                                                            F(y, i)));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->softmax_xent(d, F(x, i), L[i], -2, 4, 1.0f, NULL,
+                                                            F(y, i)));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->mse(d, F(x, i), NULL, 2, 4, 1.0f, NULL, F(y, i)));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->mse(d, F(x, i), F(z, i), 2, 0, 1.0f, NULL,
+                                                   F(y, i)));
+
+    /* mirrored strategy: add and the optimizer */
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->add(d, F(x, i), NULL, 4));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->optimizer_step(d, NULL, F(x, i), F(y, i), NULL, 4,
+                                                              1));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->optimizer_step(d, &sgd, NULL, F(y, i), NULL, 4,
+                                                              1));
+    EXPECT_REFUSED(t, CASTOR_INVALID, d->iface->optimizer_step(d, &bogus, F(x, i), F(y, i),
+                                                               F(z, i), 4, 1));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->optimizer_step(d, &adam, F(x, i), F(y, i), NULL,
+                                                              4, 1));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->optimizer_step(d, &sgd, F(x, i), F(y, i), NULL, 4,
+                                                              0));
+    EXPECT_REFUSED(t, CASTOR_MISUSE, d->iface->optimizer_step(d, &adam, F(x, i), F(y, i),
+                                                              F(z, i), 4, -5));
+
+    /* Nothing ran and nothing lingers: a real launch and a sync succeed,
+     * and x is still the zeros it was set to. */
+    ON_BOTH(t, d->iface->add(d, F(x, i), F(x, i), N));
+    float back[2][N];
+    tb_down(&t, &x, back[GPU], back[CPU]);
+    for (int k = 0; k < N; k++)
+        cr_expect_eq(back[GPU][k], 0.0f, "x[%d] is %g after refused calls", k,
+                     (double)back[GPU][k]);
+    for (int i = 0; i < 2; i++)
+        t.dev[i]->iface->event_destroy(t.dev[i], ev[i]);
+    tb_free(&t, &x);
+    tb_free(&t, &y);
+    tb_free(&t, &z);
+    tb_free(&t, &lab);
+    twin_close(&t);
+}
+
 Test(cuda, copies_round_trip)
 {
     REQUIRE_GPU();
@@ -404,7 +546,9 @@ static void gemm_case(twin *t, int ta, int tb, int m, int n, int k, int pad, flo
     /* Stored shapes: A is m x k (k x m transposed), B is k x n (n x k). */
     int a_rows = ta ? k : m, a_cols = ta ? m : k;
     int b_rows = tb ? n : k, b_cols = tb ? k : n;
-    int lda = a_cols + pad, ldb = b_cols + pad, ldc = n + pad;
+    /* At least 1, as BLAS wants even for an empty operand (k == 0). */
+    int lda = (a_cols > 1 ? a_cols : 1) + pad, ldb = (b_cols > 1 ? b_cols : 1) + pad;
+    int ldc = n + pad;
     size_t na = (size_t)a_rows * lda, nb = (size_t)b_rows * ldb, nc = (size_t)m * ldc;
     float *ha = rand_floats(s, na, -1, 1), *hb = rand_floats(s, nb, -1, 1);
     float *hc = rand_floats(s, nc, -1, 1);
@@ -425,6 +569,20 @@ static void gemm_case(twin *t, int ta, int tb, int m, int n, int k, int pad, flo
     snprintf(what, sizeof what, "gemm ta=%d tb=%d %dx%dx%d pad %d beta %g%s", ta, tb, m, n, k,
              pad, (double)beta, tol > TOL_FP32 ? " tf32" : "");
     expect_close_norm(what, rg, rc, nc, tol);
+    if (k == 0) {
+        /* C = beta C exactly, on both: beta 0 writes zeros over the NaNs,
+         * beta 1 leaves C alone, and the padding is never touched. */
+        for (size_t i = 0; i < nc; i++) {
+            int col = (int)(i % (size_t)ldc);
+            float want = col >= n || beta == 1.0f ? hc[i] : beta == 0.0f ? 0.0f : beta * hc[i];
+            if (!(rg[i] == want || (isnan(rg[i]) && isnan(want))) ||
+                !(rc[i] == want || (isnan(rc[i]) && isnan(want)))) {
+                cr_expect_fail("%s: C[%zu] is %g on the GPU and %g on the CPU, want %g", what, i,
+                               (double)rg[i], (double)rc[i], (double)want);
+                break;
+            }
+        }
+    }
     tb_free(t, &a);
     tb_free(t, &b);
     tb_free(t, &c);
@@ -465,6 +623,82 @@ Test(cuda, gemm_tf32)
     gemm_all(1, TOL_TF32);
 }
 
+/* k == 0: an empty product, so C = beta C as BLAS (and the CPU backend)
+ * define it, with beta 0 writing zeros rather than 0 * NaN. pad 0 is the
+ * contiguous case (ldc == n), pad 3 the strided one. */
+Test(cuda, gemm_k0)
+{
+    REQUIRE_GPU();
+    static const int shapes[][2] = {{1, 1}, {37, 29}, {5, 300}, {300, 5}};
+    static const float betas[] = {0.0f, 1.0f, -0.5f, 2.0f};
+    twin t = twin_open(0);
+    uint64_t s = 43;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        for (size_t b = 0; b < sizeof betas / sizeof betas[0]; b++)
+            for (int ta = 0; ta < 2; ta++)
+                for (int tb = 0; tb < 2; tb++)
+                    for (int pad = 0; pad <= 3; pad += 3)
+                        gemm_case(&t, ta, tb, shapes[i][0], shapes[i][1], 0, pad, betas[b],
+                                  TOL_FP32, &s);
+    twin_close(&t);
+}
+
+/* k == 0 on a C of more than INT_MAX elements (8 GiB), contiguous: the
+ * scaling must reach the last row, which an int element count would not.
+ * GPU only (the CPU reference would need as much host memory again). */
+Test(cuda, gemm_k0_past_int_max)
+{
+    REQUIRE_GPU();
+    char err[384] = "";
+    cdev *g = NULL;
+    cr_assert_eq(cdev_cuda_create(0, 0, 0, 0, &g, err, sizeof err), CASTOR_OK, "%s", err);
+    const int n = 1 << 16, m = (1 << 15) + 1;  /* m * n = 2^31 + 2^16 */
+    const size_t count = (size_t)m * (size_t)n, bytes = count * sizeof(float);
+    void *c = NULL, *ab = NULL;
+    int rc = cdev_alloc(g, bytes, &c);
+    if (rc == CASTOR_DEVICE_MEMORY) {
+        char why[sizeof g->errmsg];
+        snprintf(why, sizeof why, "%s", g->errmsg);
+        cdev_destroy(g);
+        cr_skip_test("needs %zu bytes of free GPU memory: %s", bytes, why);
+    }
+    cr_assert_eq(rc, CASTOR_OK, "%s", g->errmsg);
+    CHECK_RC(g, cdev_alloc(g, 64, &ab));  /* A (m x 0) and B (0 x n): never read */
+    const size_t chunk = (size_t)1 << 24;
+    float *h = alloc_floats(chunk);
+    for (size_t i = 0; i < chunk; i++)
+        h[i] = 3.0f;
+    for (size_t off = 0; off < count; off += chunk) {
+        size_t len = count - off < chunk ? count - off : chunk;
+        CHECK_RC(g, g->iface->copy_h2d(g, CDEV_STREAM_COMPUTE, (float *)c + off, h,
+                                       len * sizeof(float)));
+    }
+    CHECK_RC(g, g->iface->synchronize(g));
+    /* The first row, the one holding element INT_MAX, and the last. */
+    const int rows[] = {0, (int)(((size_t)1 << 31) / (size_t)n) - 1, m - 1};
+    static const float betas[] = {0.5f, 0.0f};
+    static const float want[] = {1.5f, 0.0f};
+    for (int b = 0; b < 2; b++) {
+        CHECK_RC(g, g->iface->gemm(g, 0, 0, m, n, 0, 1.0f, ab, 1, ab, n, betas[b], c, n));
+        for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+            CHECK_RC(g, g->iface->copy_d2h(g, CDEV_STREAM_COMPUTE, h,
+                                           (float *)c + (size_t)rows[r] * (size_t)n,
+                                           (size_t)n * sizeof(float)));
+            CHECK_RC(g, g->iface->synchronize(g));
+            for (int col = 0; col < n; col++)
+                if (h[col] != want[b]) {
+                    cr_expect_fail("beta %g: C[%d][%d] is %g, want %g", (double)betas[b],
+                                   rows[r], col, (double)h[col], (double)want[b]);
+                    break;
+                }
+        }
+    }
+    free(h);
+    cdev_free(g, ab, 64);
+    cdev_free(g, c, bytes);
+    cdev_destroy(g);
+}
+
 /* ---- bias ---- */
 
 Test(cuda, bias_add_and_grad)
@@ -472,7 +706,9 @@ Test(cuda, bias_add_and_grad)
     REQUIRE_GPU();
     twin t = twin_open(0);
     uint64_t s = 7;
-    static const int shapes[][2] = {{1, 1}, {67, 45}, {256, 128}, {1000, 10}, {3, 1000}};
+    /* 8193 x 257: more than one pass of bias_add's grid-stride loop. */
+    static const int shapes[][2] = {{1, 1},    {67, 45}, {256, 128},
+                                    {1000, 10}, {3, 1000}, {8193, 257}};
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         int rows = shapes[k][0], cols = shapes[k][1];
         size_t n = (size_t)rows * cols;
@@ -519,7 +755,7 @@ Test(cuda, activations)
     static const char *names[] = {"linear", "relu", "tanh", "sigmoid"};
     twin t = twin_open(0);
     uint64_t s = 11;
-    const size_t n = 100003;
+    const size_t n = BIG_N;
     for (size_t a = 0; a < sizeof acts / sizeof acts[0]; a++) {
         float *hx = rand_floats(&s, n, -6, 6), *hdy = rand_floats(&s, n, -1, 1);
         hx[0] = 0.0f;  /* relu's kink */
@@ -679,6 +915,93 @@ Test(cuda, softmax_xent_bad_label_does_not_fault)
     cdev_destroy(g);
 }
 
+/* The CPU backend's argmax: a scan from column 0 that moves only to a
+ * greater value, so a NaN in column 0 keeps index 0 and a NaN elsewhere is
+ * passed over. */
+static int cpu_scan_argmax(const float *l, int cols)
+{
+    int best = 0;
+    for (int c = 1; c < cols; c++)
+        if (l[c] > l[best])
+            best = c;
+    return best;
+}
+
+/* The argmax when every NaN is skipped, column 0's too: what a GPU
+ * reduction seeded with -inf would find, so a label there must miss. */
+static int nan_skipping_argmax(const float *l, int cols)
+{
+    int best = -1;
+    for (int c = 0; c < cols; c++)
+        if (!isnan(l[c]) && (best < 0 || l[c] > l[best]))
+            best = c;
+    return best < 0 ? 0 : best;
+}
+
+/* NaN logits: the loss is NaN on both backends and the hit flag follows the
+ * CPU's argmax. 600 columns: each of the 256 threads scans several, so the
+ * NaNs and maxima land in different threads' partials and warps. */
+Test(cuda, softmax_xent_nan_argmax_as_on_cpu)
+{
+    REQUIRE_GPU();
+    enum { ROWS = 8, COLS = 600 };
+    twin t = twin_open(0);
+    uint64_t s = 23;
+    float *hx = rand_floats(&s, (size_t)ROWS * COLS, -1, 1);
+#define X(r, c) hx[(size_t)(r) * COLS + (c)]
+    X(0, 0) = NAN, X(0, 450) = 5;                   /* NaN first: index 0 */
+    for (int c = 0; c < COLS; c++)                   /* all NaN: index 0 */
+        X(1, c) = NAN;
+    X(2, 300) = NAN, X(2, 450) = 5;                  /* NaN later: skipped, 450 */
+    X(3, 0) = 3, X(3, 7) = NAN, X(3, 299) = 3;       /* tie with column 0: 0 */
+    for (int c = 0; c < COLS; c++)                   /* -inf and NaN only: 0 */
+        X(4, c) = c % 2 ? NAN : -INFINITY;
+    X(5, 0) = NAN, X(5, 1) = NAN, X(5, 599) = 9;     /* NaN first, max last: 0 */
+    X(6, 0) = -7, X(6, 100) = NAN, X(6, 256) = 7, X(6, 512) = 7;  /* 256 */
+    X(7, 599) = 4;                                   /* no NaN: 599 */
+#undef X
+    static const int want_best[ROWS] = {0, 0, 450, 0, 0, 0, 256, 599};
+    int32_t hit[ROWS], miss[ROWS];
+    for (int r = 0; r < ROWS; r++) {
+        const float *row = hx + (size_t)r * COLS;
+        hit[r] = cpu_scan_argmax(row, COLS);
+        cr_assert_eq(hit[r], want_best[r], "row %d: the reference scan gives %d", r, hit[r]);
+        int other = nan_skipping_argmax(row, COLS);
+        miss[r] = other != hit[r] ? other : (hit[r] + 1) % COLS;
+    }
+    const size_t n = (size_t)ROWS * COLS;
+    tbuf x = tb_up(&t, hx, n * sizeof(float));
+    tbuf dx = tb_alloc(&t, n * sizeof(float)), st = tb_alloc(&t, 2 * ROWS * sizeof(float));
+    const int32_t *labels[2] = {hit, miss};
+    for (int pass = 0; pass < 2; pass++) {
+        tbuf l = tb_up(&t, labels[pass], ROWS * sizeof(int32_t));
+        ON_BOTH(t, d->iface->softmax_xent(d, F(x, i), (const int32_t *)l.d[i], ROWS, COLS, 1.0f,
+                                          F(dx, i), F(st, i)));
+        float sg[2 * ROWS], sc[2 * ROWS];
+        tb_down(&t, &st, sg, sc);
+        const float want = pass == 0 ? 1.0f : 0.0f;
+        for (int r = 0; r < ROWS; r++) {
+            cr_expect_eq(sc[2 * r + 1], want, "cpu row %d label %d: correct %g", r,
+                         labels[pass][r], (double)sc[2 * r + 1]);
+            cr_expect_eq(sg[2 * r + 1], sc[2 * r + 1], "row %d label %d: correct %g, cpu %g", r,
+                         labels[pass][r], (double)sg[2 * r + 1], (double)sc[2 * r + 1]);
+            if (r < ROWS - 1)
+                cr_expect(isnan(sg[2 * r]) && isnan(sc[2 * r]),
+                          "row %d has a NaN: loss %g on the GPU, %g on the CPU", r,
+                          (double)sg[2 * r], (double)sc[2 * r]);
+            else
+                expect_close("softmax_xent NaN test, finite row loss", &sg[2 * r], &sc[2 * r],
+                             1, 0.1, TOL_FP32);
+        }
+        tb_free(&t, &l);
+    }
+    tb_free(&t, &x);
+    tb_free(&t, &dx);
+    tb_free(&t, &st);
+    free(hx);
+    twin_close(&t);
+}
+
 Test(cuda, mse)
 {
     REQUIRE_GPU();
@@ -724,7 +1047,7 @@ Test(cuda, add)
     REQUIRE_GPU();
     twin t = twin_open(0);
     uint64_t s = 9;
-    const size_t n = 1000003;
+    const size_t n = BIG_N;
     float *ha = rand_floats(&s, n, -3, 3), *hb = rand_floats(&s, n, -3, 3);
     tbuf a = tb_up(&t, ha, n * sizeof(float)), b = tb_up(&t, hb, n * sizeof(float));
     ON_BOTH(t, d->iface->add(d, F(a, i), F(b, i), n));
@@ -744,7 +1067,7 @@ Test(cuda, add)
 
 static void optimizer_case(twin *t, castor_optimizer opt, const char *what, uint64_t *s)
 {
-    const size_t n = 100003;  /* not a multiple of any block size */
+    const size_t n = BIG_N;
     float *hp = rand_floats(s, n, -1, 1);
     tbuf p = tb_up(t, hp, n * sizeof(float));
     tbuf g = tb_alloc(t, n * sizeof(float));
