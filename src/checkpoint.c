@@ -211,7 +211,9 @@ static int need(const castor__st_file *f, const char *path, const char *key, con
 static int bad_value(const char *path, const char *key, const char *value, const char *want,
                      char *err, size_t errlen)
 {
-    castor__errf(err, errlen, "%s: __metadata__ '%s' is '%.60s', not %s", path, key, value, want);
+    char shown[CASTOR__ST_SHOWN];  /* the value is the file's text: escaped */
+    castor__errf(err, errlen, "%s: __metadata__ '%s' is '%s', not %s", path, key,
+                 castor__st_printable(value, shown, sizeof shown), want);
     return CASTOR_FORMAT;
 }
 
@@ -230,8 +232,10 @@ static int read_info(const castor__st_file *f, const char *path, ckpt_info *info
     }
     v = castor__st_meta_get(f, "format");
     if (strcmp(v, CKPT_FORMAT) != 0) {
-        castor__errf(err, errlen, "%s: format '%.60s' is not %s (written by another program or "
-                     "a newer castor?)", path, v, CKPT_FORMAT);
+        char shown[CASTOR__ST_SHOWN];
+        castor__errf(err, errlen, "%s: format '%s' is not %s (written by another program or "
+                     "a newer castor?)", path, castor__st_printable(v, shown, sizeof shown),
+                     CKPT_FORMAT);
         return CASTOR_FORMAT;
     }
     if ((rc = need(f, path, "input_features", &v, err, errlen)))
@@ -341,8 +345,11 @@ static int check_against_model(castor_model *m, const castor__st_file *f, const 
     if (!rc)
         rc = castor_model_add_layers(scratch, info->layers);
     if (rc) {
-        castor__errf(err, errlen, "%s: bad layers '%.80s' in __metadata__: %s", path,
-                     info->layers, castor_model_errmsg(scratch));
+        /* The model's message quotes the spec: the file's text, escaped too. */
+        char shown[CASTOR__ST_SHOWN], why[256];
+        castor__errf(err, errlen, "%s: bad layers '%s' in __metadata__: %s", path,
+                     castor__st_printable(info->layers, shown, sizeof shown),
+                     castor__st_printable(castor_model_errmsg(scratch), why, sizeof why));
         castor_model_free(scratch);
         return rc == CASTOR_NOMEM ? rc : CASTOR_FORMAT;
     }
@@ -428,8 +435,10 @@ static int check_against_model(castor_model *m, const castor__st_file *f, const 
     }
     for (size_t i = 0; i < f->n_tensors && !rc; i++)
         if (!used[i]) {
-            castor__errf(err, errlen, "%s: unexpected tensor '%.80s' (the model has no such "
-                         "variable or optimizer slot)", path, f->tensors[i].name);
+            char shown[CASTOR__ST_SHOWN];
+            castor__errf(err, errlen, "%s: unexpected tensor '%s' (the model has no such "
+                         "variable or optimizer slot)", path,
+                         castor__st_printable(f->tensors[i].name, shown, sizeof shown));
             rc = CASTOR_MISMATCH;
         }
     free(sorted);
@@ -563,8 +572,8 @@ int castor_model_open(castor_model **out, const char *path, castor_strategy *str
     if (rc && rc != CASTOR_NOMEM)
         rc = CASTOR_FORMAT;  /* the file is wrong, not the caller's arguments */
     if (rc) {
-        snprintf(err, sizeof err, "%s", m->errmsg);
-        castor__model_fail(m, rc, "%s: bad architecture in __metadata__: %.400s", path, err);
+        castor__st_printable(m->errmsg, err, sizeof err);  /* it quotes the file's spec */
+        castor__model_fail(m, rc, "%s: bad architecture in __metadata__: %s", path, err);
         castor__st_free(&f);
         return rc;
     }

@@ -1,4 +1,5 @@
 /* castor_dataset: samples in memory, from IDX files or from the caller. */
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -153,24 +154,39 @@ CASTOR_API int castor_dataset_load_idx(castor_dataset **out, const char *images_
     return load_idx_into(ds, images_path, labels_path);
 }
 
-static int is_file(const char *path)
+/* Where find_file looked. */
+enum { FOUND_NONE, FOUND_FILE, FOUND_DIR };
+
+/* Whether path names something other than a directory, a directory, or
+ * nothing. What stat cannot look at for another reason than its absence
+ * (no permission, a loop of links) counts as a file: reading it says why. */
+static int what_is(const char *path)
 {
     struct stat st;
-    return stat(path, &st) == 0 && !S_ISDIR(st.st_mode);
+    if (stat(path, &st) != 0)
+        return errno == ENOENT || errno == ENOTDIR ? FOUND_NONE : FOUND_FILE;
+    return S_ISDIR(st.st_mode) ? FOUND_DIR : FOUND_FILE;
 }
 
-/* dir/name or dir/name.gz, whichever exists (plain first); 0 if neither,
- * -1 if the path does not fit. */
+/* dir/name or dir/name.gz into buf: the first that is not a directory (plain
+ * first), FOUND_FILE; else the first that is a directory, FOUND_DIR; else
+ * FOUND_NONE. -1 if the path does not fit. */
 static int find_file(const char *dir, const char *name, char *buf, size_t size)
 {
     int len = snprintf(buf, size, "%s/%s.gz", dir, name);
     if (len < 0 || (size_t)len >= size)
         return -1;
     buf[len - 3] = '\0';
-    if (is_file(buf))
-        return 1;
+    int plain = what_is(buf);
+    if (plain == FOUND_FILE)
+        return FOUND_FILE;
     buf[len - 3] = '.';
-    return is_file(buf);
+    int gz = what_is(buf);
+    if (gz == FOUND_FILE)
+        return FOUND_FILE;
+    if (plain == FOUND_DIR)
+        buf[len - 3] = '\0';
+    return plain == FOUND_DIR || gz == FOUND_DIR ? FOUND_DIR : FOUND_NONE;
 }
 
 CASTOR_API int castor_dataset_load_mnist_dir(castor_dataset **out, const char *dir,
@@ -205,6 +221,11 @@ CASTOR_API int castor_dataset_load_mnist_dir(castor_dataset **out, const char *d
     if (have_images < 0 || have_labels < 0) {
         castor__errf(err, errlen, "%.200s...: directory path too long", dir);
         return CASTOR_INVALID;
+    }
+    if (have_images == FOUND_DIR || have_labels == FOUND_DIR) {
+        castor__errf(err, errlen, "%s: is a directory, not an IDX file",
+                     have_images == FOUND_DIR ? images : labels);
+        return CASTOR_IO;
     }
     if (!have_images || !have_labels) {
         castor__errf(err, errlen,

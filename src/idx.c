@@ -26,7 +26,7 @@
 #define DEFAULT_MAX_COUNT ((size_t)1 << 31)
 #define MAX_RANK 4
 #define HEADER_MAX (4 + 4 * MAX_RANK)
-/* Bytes handed to one gzread; a multiple of every element size so that no
+/* Bytes asked for at a time; a multiple of every element size so that no
  * element straddles two chunks. */
 #define READ_CHUNK ((size_t)1 << 20)
 
@@ -184,45 +184,166 @@ int castor__idx_parse(const unsigned char *bytes, size_t len, const char *name,
     return CASTOR_OK;
 }
 
-/* Reads up to len bytes; returns how many were read, or -1 with the error
- * in err and its code in *rc. gzread already loops until len bytes or the
- * end, so a short count means the end of the data. */
-static long read_full(gzFile gz, const char *path, void *buf, size_t len, int *rc, char *err,
-                      size_t errlen)
+/* ---- the bytes of a file: as they are, or inflated --------------------------
+ *
+ * A file that starts with the gzip magic 1f 8b is gzip; anything else is
+ * read as it is. A gzip file may hold several members one after another
+ * (RFC 1952; what `cat a.gz b.gz` makes), read as one stream, as gzip -d
+ * does. Anything else after the last member is refused: zlib's gzread would
+ * drop it silently, while a plain file with bytes after its data is refused. */
+
+#define IN_SIZE ((size_t)1 << 17)
+
+typedef struct idx_src {
+    int fd;
+    const char *path;
+    int gzip;           /* 1: inflating */
+    int zlive;          /* zs needs inflateEnd */
+    int raw_eof;        /* read() has said end of file */
+    int member_end;     /* a gzip member is done; what follows is still to judge */
+    int cut_short;      /* the file ended inside a gzip member */
+    z_stream zs;        /* next_in/avail_in: raw bytes read ahead, also when plain */
+    unsigned char *in;  /* IN_SIZE bytes */
+} idx_src;
+
+/* More raw bytes after those still pending; at the end, raw_eof. */
+static int refill(idx_src *s, int *rc, char *err, size_t errlen)
 {
-    int n = gzread(gz, buf, (unsigned)len);
-    if (n >= 0)
-        return n;
-    int saved_errno = errno;
-    int zcode = Z_OK;
-    const char *msg = gzerror(gz, &zcode);
-    if (zcode == Z_ERRNO) {
-        char ebuf[128];
-        castor__errf(err, errlen, "%s: read error: %s", path,
-                     castor__strerror(saved_errno, ebuf, sizeof ebuf));
-        *rc = CASTOR_IO;
-    } else if (zcode == Z_MEM_ERROR) {
-        castor__errf(err, errlen, "%s: out of memory decompressing", path);
-        *rc = CASTOR_NOMEM;
-    } else {
-        castor__errf(err, errlen, "%s: corrupt gzip data: %s", path, msg ? msg : "unknown error");
-        *rc = CASTOR_FORMAT;
+    if (s->zs.avail_in && s->zs.next_in != s->in)
+        memmove(s->in, s->zs.next_in, s->zs.avail_in);
+    s->zs.next_in = s->in;
+    for (;;) {
+        ssize_t r = read(s->fd, s->in + s->zs.avail_in, IN_SIZE - s->zs.avail_in);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            char ebuf[128];
+            castor__errf(err, errlen, "%s: read error: %s", s->path,
+                         castor__strerror(errno, ebuf, sizeof ebuf));
+            *rc = CASTOR_IO;
+            return -1;
+        }
+        if (r == 0)
+            s->raw_eof = 1;
+        s->zs.avail_in += (uInt)r;
+        return 0;
     }
-    return -1;
 }
 
-/* Whether the gzip stream was cut off: gzread reports that end as a short
- * read, not as an error. */
-static int gzip_cut_short(gzFile gz)
+/* Takes fd (closed by src_close, also on failure); looks at the first bytes
+ * to tell gzip from plain. */
+static int src_open(idx_src *s, int fd, const char *path, char *err, size_t errlen)
 {
-    int zcode = Z_OK;
-    gzerror(gz, &zcode);
-    return zcode == Z_BUF_ERROR;
+    memset(s, 0, sizeof *s);
+    s->fd = fd;
+    s->path = path;
+    s->in = malloc(IN_SIZE);
+    if (!s->in) {
+        castor__errf(err, errlen, "%s: out of memory opening the file", path);
+        return CASTOR_NOMEM;
+    }
+    s->zs.next_in = s->in;
+    int rc = CASTOR_OK;
+    while (s->zs.avail_in < 2 && !s->raw_eof)
+        if (refill(s, &rc, err, errlen))
+            return rc;
+    if (s->zs.avail_in >= 2 && s->in[0] == 0x1f && s->in[1] == 0x8b) {
+        s->gzip = 1;
+        int z = inflateInit2(&s->zs, 15 + 16);  /* gzip only */
+        if (z != Z_OK) {
+            castor__errf(err, errlen, "%s: %s starting to decompress", path,
+                         z == Z_MEM_ERROR ? "out of memory" : "zlib failed");
+            return z == Z_MEM_ERROR ? CASTOR_NOMEM : CASTOR_IO;
+        }
+        s->zlive = 1;
+    }
+    return CASTOR_OK;
+}
+
+static void src_close(idx_src *s)
+{
+    if (s->zlive)
+        inflateEnd(&s->zs);
+    free(s->in);
+    if (s->fd >= 0)
+        close(s->fd);
+    s->fd = -1;
+    s->zlive = 0;
+    s->in = NULL;
+}
+
+/* Reads up to len bytes (decompressed); returns how many were read, or -1
+ * with the error in err and its code in *rc. A short count means the end of
+ * the data; for gzip, cut_short tells whether the stream was cut off. */
+static long read_full(idx_src *s, void *buf, size_t len, int *rc, char *err, size_t errlen)
+{
+    unsigned char *out = buf;
+    size_t got = 0;
+    if (!s->gzip) {
+        while (got < len) {
+            if (s->zs.avail_in == 0) {
+                if (s->raw_eof)
+                    break;
+                if (refill(s, rc, err, errlen))
+                    return -1;
+                continue;
+            }
+            size_t n = len - got < s->zs.avail_in ? len - got : s->zs.avail_in;
+            memcpy(out + got, s->zs.next_in, n);
+            s->zs.next_in += n;
+            s->zs.avail_in -= (uInt)n;
+            got += n;
+        }
+        return (long)got;
+    }
+    while (got < len) {
+        if (s->member_end) {
+            /* Another member, the end of the file, or garbage. */
+            if (s->zs.avail_in < 2 && !s->raw_eof) {
+                if (refill(s, rc, err, errlen))
+                    return -1;
+                continue;
+            }
+            if (s->zs.avail_in == 0)
+                break;
+            if (s->zs.avail_in < 2 || s->zs.next_in[0] != 0x1f || s->zs.next_in[1] != 0x8b) {
+                castor__errf(err, errlen, "%s: trailing garbage after the gzip stream (bytes that "
+                             "are not another gzip member)", s->path);
+                *rc = CASTOR_FORMAT;
+                return -1;
+            }
+            inflateReset(&s->zs);
+            s->member_end = 0;
+        }
+        if (s->zs.avail_in == 0 && !s->raw_eof && refill(s, rc, err, errlen))
+            return -1;
+        s->zs.next_out = out + got;
+        s->zs.avail_out = (uInt)(len - got);
+        int z = inflate(&s->zs, Z_NO_FLUSH);
+        got = len - s->zs.avail_out;
+        if (z == Z_STREAM_END) {
+            s->member_end = 1;
+        } else if (z == Z_BUF_ERROR && s->zs.avail_in == 0 && s->raw_eof) {
+            /* No progress, no input left: the file ends inside a member. */
+            s->cut_short = 1;
+            break;
+        } else if (z == Z_MEM_ERROR) {
+            castor__errf(err, errlen, "%s: out of memory decompressing", s->path);
+            *rc = CASTOR_NOMEM;
+            return -1;
+        } else if (z != Z_OK && z != Z_BUF_ERROR) {
+            castor__errf(err, errlen, "%s: corrupt gzip data: %s", s->path,
+                         s->zs.msg ? s->zs.msg : "unknown error");
+            *rc = CASTOR_FORMAT;
+            return -1;
+        }
+    }
+    return (long)got;
 }
 
 /* The values after a checked header: chunk by chunk, the array growing only
  * as far as the data that has really arrived. */
-static int read_values(gzFile gz, const char *path, castor__idx *idx, size_t data_bytes,
+static int read_values(idx_src *src, const char *path, castor__idx *idx, size_t data_bytes,
                        int size_known, char *err, size_t errlen)
 {
     size_t es = elem_size(idx->type);
@@ -241,7 +362,7 @@ static int read_values(gzFile gz, const char *path, castor__idx *idx, size_t dat
         size_t want = (idx->count - done) * es;
         if (want > READ_CHUNK)
             want = READ_CHUNK;
-        long got = read_full(gz, path, chunk, want, &rc, err, errlen);
+        long got = read_full(src, chunk, want, &rc, err, errlen);
         if (got < 0)
             break;
         size_t whole = (size_t)got / es;
@@ -264,20 +385,20 @@ static int read_values(gzFile gz, const char *path, castor__idx *idx, size_t dat
             castor__errf(err, errlen,
                          "%s: truncated: header says %zu bytes of data, file has %zu%s", path,
                          data_bytes, (done - whole) * es + (size_t)got,
-                         gzip_cut_short(gz) ? " (the gzip stream is cut off)" : "");
+                         src->cut_short ? " (the gzip stream is cut off)" : "");
             rc = CASTOR_FORMAT;
         }
     }
     if (!rc) {
         unsigned char extra;
-        long got = read_full(gz, path, &extra, 1, &rc, err, errlen);
+        long got = read_full(src, &extra, 1, &rc, err, errlen);
         if (got > 0) {
             castor__errf(err, errlen,
                          "%s: trailing bytes after the data: header says %zu bytes of data, file "
                          "has more",
                          path, data_bytes);
             rc = CASTOR_FORMAT;
-        } else if (got == 0 && gzip_cut_short(gz)) {
+        } else if (got == 0 && src->cut_short) {
             /* All the data came, but not the checksum that vouches for it. */
             castor__errf(err, errlen, "%s: truncated: the gzip stream ends before its checksum",
                          path);
@@ -301,50 +422,36 @@ int castor__idx_read(const char *path, size_t max_count, castor__idx *out, char 
         castor__errf(err, errlen, "(null): no IDX path given");
         return CASTOR_MISUSE;
     }
-    char ebuf[128];
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        castor__errf(err, errlen, "%s: cannot open: %s", path, castor__strerror(errno, ebuf, sizeof ebuf));
-        return CASTOR_IO;
-    }
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        castor__errf(err, errlen, "%s: cannot stat: %s", path, castor__strerror(errno, ebuf, sizeof ebuf));
-        close(fd);
+    int fd = castor__open_regular(path, "an IDX file", &st, err, errlen);
+    if (fd < 0)
         return CASTOR_IO;
+    idx_src src;
+    int rc = src_open(&src, fd, path, err, errlen);
+    if (rc) {
+        src_close(&src);
+        return rc;
     }
-    if (S_ISDIR(st.st_mode)) {
-        castor__errf(err, errlen, "%s: is a directory, not an IDX file", path);
-        close(fd);
-        return CASTOR_IO;
-    }
-    gzFile gz = gzdopen(fd, "rb");
-    if (!gz) {
-        castor__errf(err, errlen, "%s: out of memory opening the file", path);
-        close(fd);
-        return CASTOR_NOMEM;
-    }
-    gzbuffer(gz, 1u << 17);
 
     /* The fixed part first: the rank says how much more header there is. */
     unsigned char header[HEADER_MAX];
-    int rc = CASTOR_OK;
-    long got = read_full(gz, path, header, 4, &rc, err, errlen);
+    long got = read_full(&src, header, 4, &rc, err, errlen);
     size_t have = got > 0 ? (size_t)got : 0;
     if (got == 4 && header[3] >= 1 && header[3] <= MAX_RANK) {
-        long more = read_full(gz, path, header + 4, 4 * (size_t)header[3], &rc, err, errlen);
+        long more = read_full(&src, header + 4, 4 * (size_t)header[3], &rc, err, errlen);
         if (more < 0)
             got = -1;
         else
             have += (size_t)more;
     }
     if (got < 0) {
-        gzclose(gz);
+        src_close(&src);
         return rc;
     }
     if (have == 0) {
-        castor__errf(err, errlen, "%s: empty file", path);
-        gzclose(gz);
+        castor__errf(err, errlen, "%s: %s", path,
+                     src.cut_short ? "truncated: the gzip stream is cut off" : "empty file");
+        src_close(&src);
         return CASTOR_FORMAT;
     }
     size_t hdr, need;
@@ -352,26 +459,26 @@ int castor__idx_read(const char *path, size_t max_count, castor__idx *out, char 
                       &need, err, errlen);
     if (rc) {
         memset(out, 0, sizeof *out);
-        gzclose(gz);
+        src_close(&src);
         return rc;
     }
-    /* A plain regular file tells its size up front: a lying header is
-     * caught with exact numbers before anything is read or allocated. */
+    /* A plain file tells its size up front: a lying header is caught with
+     * exact numbers before anything is read or allocated. */
     int size_known = 0;
-    if (gzdirect(gz) && S_ISREG(st.st_mode)) {
+    if (!src.gzip) {
         size_t file_data = (size_t)st.st_size > hdr ? (size_t)st.st_size - hdr : 0;
         if (file_data != need) {
             castor__errf(err, errlen, "%s: %s: header says %zu bytes of data, file has %zu",
                          path, file_data < need ? "truncated" : "trailing bytes after the data",
                          need, file_data);
             memset(out, 0, sizeof *out);
-            gzclose(gz);
+            src_close(&src);
             return CASTOR_FORMAT;
         }
         size_known = 1;
     }
-    rc = read_values(gz, path, out, need, size_known, err, errlen);
-    gzclose(gz);
+    rc = read_values(&src, path, out, need, size_known, err, errlen);
+    src_close(&src);
     if (rc)
         memset(out, 0, sizeof *out);
     return rc;

@@ -37,6 +37,24 @@ _Static_assert(sizeof(float) == 4, "F32 is a 4-byte IEEE float");
  * Shared by the reader (header text) and the writer (names and metadata). */
 int castor__st_utf8_ok(const unsigned char *s, size_t len, size_t *bad);
 
+/*
+ * Text from a file (a tensor name, a metadata key or value) made fit for a
+ * one-line message: bytes below 0x20, DEL (0x7F), the C1 controls
+ * (U+0080..U+009F) and bytes that are not UTF-8 become "\xNN", a backslash
+ * "\\"; other UTF-8 passes as it is. At most len-1 bytes are written; text
+ * that does not fit is cut between characters (never inside an escape or a
+ * UTF-8 sequence) and ends with "...". Writes into buf and returns it ("" if
+ * len is 0); s NULL prints as "(null)". Use it for every file-supplied string
+ * printed into an error message:
+ *
+ *   char shown[CASTOR__ST_SHOWN];
+ *   castor__errf(err, errlen, "%s: unexpected tensor '%s'", path,
+ *                castor__st_printable(name, shown, sizeof shown));
+ */
+const char *castor__st_printable(const char *s, char *buf, size_t len);
+/* A buffer size for castor__st_printable that shows about 80 bytes. */
+#define CASTOR__ST_SHOWN 84
+
 typedef struct castor__st_tensor {
     char *name;                        /* NUL-terminated, no NUL inside */
     int rank;                          /* 0 (a scalar) .. CASTOR__ST_MAX_RANK */
@@ -70,8 +88,9 @@ int castor__st_parse(const unsigned char *bytes, size_t len, const char *name,
                      castor__st_file *out, char *err, size_t errlen);
 
 /* Read a file and parse it; the file's bytes are owned by *out. CASTOR_IO for
- * a file that cannot be opened or read (including a directory), CASTOR_FORMAT
- * for bad contents (including an empty file). */
+ * a file that cannot be opened or read, or is no regular file (a directory,
+ * a FIFO, a device: refused without waiting on it or reading it),
+ * CASTOR_FORMAT for bad contents (including an empty file). */
 int castor__st_read(const char *path, castor__st_file *out, char *err, size_t errlen);
 
 void castor__st_free(castor__st_file *f);
@@ -98,9 +117,11 @@ typedef struct castor__st_out {
  * the same directory, written, fsync'ed and renamed over path, then the
  * directory fsync'ed. The tensors are laid out in the order given, one after
  * another; the header is padded with spaces so that the data section starts
- * at a multiple of 8 bytes. On failure the temporary file is removed, an
- * existing file at path is untouched, and CASTOR_IO (CASTOR_INVALID for bad
- * arguments, CASTOR_NOMEM) is returned with "PATH: what is wrong" in err.
+ * at a multiple of 8 bytes. A new file's mode is 0666 less the umask (or
+ * what the directory's default ACL gives); a file replaced keeps its mode.
+ * On failure the temporary file is removed, an existing file at path is
+ * untouched, and CASTOR_IO (CASTOR_INVALID for bad arguments, CASTOR_NOMEM)
+ * is returned with "PATH: what is wrong" in err.
  */
 int castor__st_write(const char *path, const castor__st_out *tensors, size_t n_tensors,
                      const castor__st_kv *meta, size_t n_meta, char *err, size_t errlen);

@@ -19,46 +19,107 @@
 
 /* ---- UTF-8 ---------------------------------------------------------------- */
 
+/* The length of the valid UTF-8 sequence (no NUL, no surrogate, no overlong
+ * form) at s[0..avail), or 0. */
+static size_t utf8_seq(const unsigned char *s, size_t avail)
+{
+    unsigned c = s[0];
+    size_t need;
+    unsigned min;
+    if (c == 0)
+        return 0;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xC2 && c <= 0xDF) {
+        need = 1;
+        min = 0x80;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        need = 2;
+        min = 0x800;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        need = 3;
+        min = 0x10000;
+    } else {
+        return 0;
+    }
+    if (avail <= need)
+        return 0;
+    unsigned cp = c & (0x3Fu >> need);
+    for (size_t k = 1; k <= need; k++) {
+        if ((s[k] & 0xC0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (s[k] & 0x3Fu);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    return need + 1;
+}
+
 int castor__st_utf8_ok(const unsigned char *s, size_t len, size_t *bad)
 {
     size_t i = 0;
     while (i < len) {
-        unsigned c = s[i];
-        size_t need;
-        unsigned min;
-        if (c == 0)
-            goto fail;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if (c >= 0xC2 && c <= 0xDF) {
-            need = 1;
-            min = 0x80;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            need = 2;
-            min = 0x800;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            need = 3;
-            min = 0x10000;
-        } else {
-            goto fail;
+        size_t n = utf8_seq(s + i, len - i);
+        if (!n) {
+            *bad = i;
+            return 0;
         }
-        if (len - i <= need)
-            goto fail;
-        unsigned cp = c & (0x3Fu >> need);
-        for (size_t k = 1; k <= need; k++) {
-            if ((s[i + k] & 0xC0) != 0x80)
-                goto fail;
-            cp = (cp << 6) | (s[i + k] & 0x3Fu);
-        }
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-            goto fail;
-        i += need + 1;
+        i += n;
     }
     return 1;
-fail:
-    *bad = i;
-    return 0;
+}
+
+/* ---- text from a file, for messages ---------------------------------------- */
+
+const char *castor__st_printable(const char *s, char *buf, size_t len)
+{
+    if (!buf || len == 0)
+        return "";
+    if (!s)
+        s = "(null)";
+    const unsigned char *p = (const unsigned char *)s;
+    size_t o = 0, fit = 0, room = len - 1;
+    int cut = 0;
+    while (*p) {
+        char piece[16];
+        size_t n, adv;
+        unsigned c = *p;
+        /* NUL ends s, and is never a continuation byte: utf8_seq stops there. */
+        size_t seq = c >= 0x80 ? utf8_seq(p, 5) : 0;  /* 5: more than any sequence needs */
+        if (c == '\\') {
+            memcpy(piece, "\\\\", 2);
+            n = 2;
+            adv = 1;
+        } else if (c < 0x20 || c == 0x7F || (c >= 0x80 && !seq)) {
+            snprintf(piece, sizeof piece, "\\x%02x", c);
+            n = 4;
+            adv = 1;
+        } else if (c == 0xC2 && seq == 2 && p[1] < 0xA0) {
+            /* U+0080..U+009F, the C1 controls (0x9B is a terminal's CSI) */
+            snprintf(piece, sizeof piece, "\\x%02x\\x%02x", c, p[1]);
+            n = 8;
+            adv = 2;
+        } else {
+            n = adv = c < 0x80 ? 1 : seq;
+            memcpy(piece, p, n);
+        }
+        if (n > room - o) {
+            cut = 1;
+            break;
+        }
+        memcpy(buf + o, piece, n);
+        o += n;
+        p += adv;
+        if (room - o >= 3)
+            fit = o;  /* "..." would still fit after this */
+    }
+    if (cut) {
+        o = fit;
+        for (int k = 0; k < 3 && o < room; k++)
+            buf[o++] = '.';
+    }
+    buf[o] = '\0';
+    return buf;
 }
 
 /* ---- reading --------------------------------------------------------------- */
@@ -91,15 +152,16 @@ static int json_size(const cJSON *v, size_t *out)
     return 1;
 }
 
-/* Printable form of a name for messages: at most 80 bytes. */
-#define NAMEF "%.80s"
+/* A name from the file, escaped and cut for a message (see safetensors.h). */
+#define SHOW(s, buf) castor__st_printable((s), (buf), sizeof(buf))
 
 static int parse_tensor(const cJSON *item, const char *name, size_t data_len,
                         castor__st_tensor *t, char *err, size_t errlen)
 {
     const char *key = item->string;
+    char k[CASTOR__ST_SHOWN], v[CASTOR__ST_SHOWN];
     if (!cJSON_IsObject(item)) {
-        castor__errf(err, errlen, "%s: tensor '" NAMEF "' is not a JSON object", name, key);
+        castor__errf(err, errlen, "%s: tensor '%s' is not a JSON object", name, SHOW(key, k));
         return CASTOR_FORMAT;
     }
     const cJSON *dtype = NULL, *shape = NULL, *offsets = NULL;
@@ -112,83 +174,83 @@ static int parse_tensor(const cJSON *item, const char *name, size_t data_len,
         else if (strcmp(f->string, "data_offsets") == 0)
             slot = &offsets;
         else {
-            castor__errf(err, errlen, "%s: tensor '" NAMEF "' has an unknown field '" NAMEF "'",
-                         name, key, f->string);
+            castor__errf(err, errlen, "%s: tensor '%s' has an unknown field '%s'", name,
+                         SHOW(key, k), SHOW(f->string, v));
             return CASTOR_FORMAT;
         }
         if (*slot) {
-            castor__errf(err, errlen, "%s: tensor '" NAMEF "' has field '%s' twice", name, key,
+            castor__errf(err, errlen, "%s: tensor '%s' has field '%s' twice", name, SHOW(key, k),
                          f->string);
             return CASTOR_FORMAT;
         }
         *slot = f;
     }
     if (!dtype || !shape || !offsets) {
-        castor__errf(err, errlen, "%s: tensor '" NAMEF "' has no '%s'", name, key,
+        castor__errf(err, errlen, "%s: tensor '%s' has no '%s'", name, SHOW(key, k),
                      !dtype ? "dtype" : !shape ? "shape" : "data_offsets");
         return CASTOR_FORMAT;
     }
     if (!cJSON_IsString(dtype)) {
-        castor__errf(err, errlen, "%s: tensor '" NAMEF "': dtype is not a string", name, key);
+        castor__errf(err, errlen, "%s: tensor '%s': dtype is not a string", name, SHOW(key, k));
         return CASTOR_FORMAT;
     }
     if (strcmp(dtype->valuestring, "F32") != 0) {
-        castor__errf(err, errlen, "%s: tensor '" NAMEF "' has dtype '" NAMEF
-                     "'; castor reads only F32", name, key, dtype->valuestring);
+        castor__errf(err, errlen, "%s: tensor '%s' has dtype '%s'; castor reads only F32", name,
+                     SHOW(key, k), SHOW(dtype->valuestring, v));
         return CASTOR_FORMAT;
     }
     if (!cJSON_IsArray(shape)) {
-        castor__errf(err, errlen, "%s: tensor '" NAMEF "': shape is not an array", name, key);
+        castor__errf(err, errlen, "%s: tensor '%s': shape is not an array", name, SHOW(key, k));
         return CASTOR_FORMAT;
     }
     int rank = 0;
     size_t count = 1;
     for (const cJSON *d = shape->child; d; d = d->next) {
         if (rank == CASTOR__ST_MAX_RANK) {
-            castor__errf(err, errlen, "%s: tensor '" NAMEF "' has more than %d dimensions",
-                         name, key, CASTOR__ST_MAX_RANK);
+            castor__errf(err, errlen, "%s: tensor '%s' has more than %d dimensions", name,
+                         SHOW(key, k), CASTOR__ST_MAX_RANK);
             return CASTOR_FORMAT;
         }
         size_t dim;
         if (!json_size(d, &dim)) {
-            castor__errf(err, errlen, "%s: tensor '" NAMEF "': dimension %d of its shape is not "
-                         "a whole number >= 0", name, key, rank);
+            castor__errf(err, errlen, "%s: tensor '%s': dimension %d of its shape is not a whole "
+                         "number >= 0", name, SHOW(key, k), rank);
             return CASTOR_FORMAT;
         }
         if (!castor__mul_ok(count, dim, &count)) {
-            castor__errf(err, errlen, "%s: tensor '" NAMEF "': the shape's element count "
-                         "overflows", name, key);
+            castor__errf(err, errlen, "%s: tensor '%s': the shape's element count overflows",
+                         name, SHOW(key, k));
             return CASTOR_FORMAT;
         }
         t->shape[rank++] = dim;
     }
     size_t bytes;
     if (!castor__mul_ok(count, sizeof(float), &bytes)) {
-        castor__errf(err, errlen, "%s: tensor '" NAMEF "': the shape's byte count overflows",
-                     name, key);
+        castor__errf(err, errlen, "%s: tensor '%s': the shape's byte count overflows", name,
+                     SHOW(key, k));
         return CASTOR_FORMAT;
     }
     size_t begin, end;
     if (!cJSON_IsArray(offsets) || cJSON_GetArraySize(offsets) != 2 ||
         !json_size(offsets->child, &begin) || !json_size(offsets->child->next, &end)) {
-        castor__errf(err, errlen, "%s: tensor '" NAMEF "': data_offsets is not a pair of whole "
-                     "numbers >= 0", name, key);
+        castor__errf(err, errlen, "%s: tensor '%s': data_offsets is not a pair of whole numbers "
+                     ">= 0", name, SHOW(key, k));
         return CASTOR_FORMAT;
     }
     if (begin > end) {
-        castor__errf(err, errlen, "%s: tensor '" NAMEF "': data_offsets [%zu, %zu] end before "
-                     "they begin", name, key, begin, end);
+        castor__errf(err, errlen, "%s: tensor '%s': data_offsets [%zu, %zu] end before they "
+                     "begin", name, SHOW(key, k), begin, end);
         return CASTOR_FORMAT;
     }
     if (end > data_len) {
-        castor__errf(err, errlen, "%s: tensor '" NAMEF "': data_offsets [%zu, %zu] go past the "
-                     "end of the %zu-byte data section (truncated file?)", name, key, begin, end,
+        castor__errf(err, errlen, "%s: tensor '%s': data_offsets [%zu, %zu] go past the end of "
+                     "the %zu-byte data section (truncated file?)", name, SHOW(key, k), begin, end,
                      data_len);
         return CASTOR_FORMAT;
     }
     if (end - begin != bytes) {
-        castor__errf(err, errlen, "%s: tensor '" NAMEF "': data_offsets [%zu, %zu] hold %zu "
-                     "bytes, its shape needs %zu", name, key, begin, end, end - begin, bytes);
+        castor__errf(err, errlen, "%s: tensor '%s': data_offsets [%zu, %zu] hold %zu bytes, its "
+                     "shape needs %zu", name, SHOW(key, k), begin, end, end - begin, bytes);
         return CASTOR_FORMAT;
     }
     t->rank = rank;
@@ -223,12 +285,14 @@ static int cmp_by_offset(const void *a, const void *b)
 static int check_unique(char **names, size_t n, const char *name, const char *what, char *err,
                         size_t errlen)
 {
+    char shown[CASTOR__ST_SHOWN];
     if (n < 2)
         return CASTOR_OK;
     qsort(names, n, sizeof *names, cmp_str_ptr);
     for (size_t i = 1; i < n; i++)
         if (strcmp(names[i - 1], names[i]) == 0) {
-            castor__errf(err, errlen, "%s: %s '" NAMEF "' appears twice", name, what, names[i]);
+            castor__errf(err, errlen, "%s: %s '%s' appears twice", name, what,
+                         SHOW(names[i], shown));
             return CASTOR_FORMAT;
         }
     return CASTOR_OK;
@@ -260,9 +324,10 @@ static int check_coverage(const castor__st_file *f, const char *name, char *err,
     for (size_t i = 0; i < f->n_tensors && !rc; i++) {
         const castor__st_tensor *t = order[i];
         if (t->begin < cursor) {
-            castor__errf(err, errlen, "%s: tensors '" NAMEF "' [%zu, %zu] and '" NAMEF
-                         "' [%zu, %zu] overlap", name, prev->name, prev->begin, prev->end,
-                         t->name, t->begin, t->end);
+            char a[CASTOR__ST_SHOWN], b[CASTOR__ST_SHOWN];
+            castor__errf(err, errlen, "%s: tensors '%s' [%zu, %zu] and '%s' [%zu, %zu] overlap",
+                         name, SHOW(prev->name, a), prev->begin, prev->end, SHOW(t->name, b),
+                         t->begin, t->end);
             rc = CASTOR_FORMAT;
         } else if (t->begin > cursor) {
             castor__errf(err, errlen, "%s: bytes [%zu, %zu) of the data section belong to no "
@@ -300,8 +365,9 @@ static int parse_metadata(const cJSON *item, const char *name, castor__st_file *
     }
     for (const cJSON *v = item->child; v; v = v->next) {
         if (!cJSON_IsString(v)) {
-            castor__errf(err, errlen, "%s: __metadata__ value '" NAMEF "' is not a string",
-                         name, v->string);
+            char k[CASTOR__ST_SHOWN];
+            castor__errf(err, errlen, "%s: __metadata__ value '%s' is not a string", name,
+                         SHOW(v->string, k));
             return CASTOR_FORMAT;
         }
         castor__st_meta *kv = &out->meta[out->n_meta];
@@ -479,27 +545,10 @@ int castor__st_read(const char *path, castor__st_file *out, char *err, size_t er
         castor__errf(err, errlen, "no file name given");
         return CASTOR_INVALID;
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        castor__errf(err, errlen, "%s: cannot open: %s", path, castor__strerror(errno, eb, sizeof eb));
-        return CASTOR_IO;
-    }
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        castor__errf(err, errlen, "%s: cannot stat: %s", path, castor__strerror(errno, eb, sizeof eb));
-        close(fd);
+    int fd = castor__open_regular(path, "a safetensors file", &st, err, errlen);
+    if (fd < 0)
         return CASTOR_IO;
-    }
-    if (S_ISDIR(st.st_mode)) {
-        castor__errf(err, errlen, "%s: is a directory, not a safetensors file", path);
-        close(fd);
-        return CASTOR_IO;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        castor__errf(err, errlen, "%s: not a regular file", path);
-        close(fd);
-        return CASTOR_IO;
-    }
     if (st.st_size == 0) {
         castor__errf(err, errlen, "%s: empty file", path);
         close(fd);

@@ -1,7 +1,7 @@
 /* safetensors: the atomic writer (temporary file, fsync, rename, directory
  * fsync). See safetensors.h. */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE  /* mkostemp, GNU strerror_r */
+#define _GNU_SOURCE  /* getrandom, GNU strerror_r */
 #endif
 #include "safetensors.h"
 
@@ -10,7 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "castor.h"
@@ -110,6 +112,7 @@ static int build_header(const char *path, const castor__st_out *tensors, size_t 
                         char *err, size_t errlen)
 {
     size_t bad;
+    char shown[CASTOR__ST_SHOWN];
     sb_str(hb, "{");
     int first = 1;
     if (n_meta) {
@@ -143,13 +146,14 @@ static int build_header(const char *path, const castor__st_out *tensors, size_t 
         size_t count = 1, bytes, end;
         for (int d = 0; d < t->rank; d++)
             if (!castor__mul_ok(count, t->shape[d], &count)) {
-                castor__errf(err, errlen, "%s: tensor %s is too large", path, t->name);
+                castor__errf(err, errlen, "%s: tensor '%s' is too large", path,
+                             castor__st_printable(t->name, shown, sizeof shown));
                 return CASTOR_INVALID;
             }
         if (!castor__mul_ok(count, sizeof(float), &bytes) || (end = offset + bytes) < offset ||
             (double)end > CASTOR__ST_JSON_MAX_EXACT || (count && !t->data)) {
-            castor__errf(err, errlen, "%s: tensor %s is too large or has no data", path,
-                         t->name);
+            castor__errf(err, errlen, "%s: tensor '%s' is too large or has no data", path,
+                         castor__st_printable(t->name, shown, sizeof shown));
             return CASTOR_INVALID;
         }
         if (!first)
@@ -180,6 +184,42 @@ static int build_header(const char *path, const castor__st_out *tensors, size_t 
     return CASTOR_OK;
 }
 
+/* Creates tmp, whose last 6 bytes (after plen + 5 bytes of "PATH.tmp.") are
+ * replaced by random letters and digits, as mkostemp would; but with
+ * open(O_CREAT | O_EXCL, mode), so that the kernel applies the umask (or the
+ * directory's default ACL) to mode, as for any file a program creates.
+ * (mkostemp makes 0600; reading the umask to fchmod after is racy, umask()
+ * sets it process-wide, or Linux-only, /proc/self/status, and blind to
+ * default ACLs.) Returns the descriptor, or -1 with errno. */
+static int create_temporary(char *tmp, size_t plen, mode_t mode)
+{
+    static const char digits[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    char *x = tmp + plen + 5;
+    for (int attempt = 0; attempt < 1000; attempt++) {
+        uint64_t r = 0;
+        if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) {
+            /* No entropy yet: time, process and attempt, mixed (splitmix64).
+             * O_EXCL keeps a guessed name from doing harm. */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            r = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ ((uint64_t)getpid() << 42) ^
+                (uint64_t)(uintptr_t)&ts ^ ((uint64_t)attempt << 20);
+            r += 0x9E3779B97F4A7C15ull;
+            r = (r ^ (r >> 30)) * 0xBF58476D1CE4E5B9ull;
+            r = (r ^ (r >> 27)) * 0x94D049BB133111EBull;
+            r ^= r >> 31;
+        }
+        for (int i = 0; i < 6; i++, r /= 62)
+            x[i] = digits[r % 62];
+        int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+        if (fd >= 0 || errno != EEXIST)
+            return fd;
+    }
+    errno = EEXIST;
+    return -1;
+}
+
 int castor__st_write(const char *path, const castor__st_out *tensors, size_t n_tensors,
                      const castor__st_kv *meta, size_t n_meta, char *err, size_t errlen)
 {
@@ -192,8 +232,13 @@ int castor__st_write(const char *path, const castor__st_out *tensors, size_t n_t
         castor__errf(err, errlen, "%s: no tensors or metadata given", path);
         return CASTOR_INVALID;
     }
+    /* A new file gets what open() makes of 0666 (the umask, or the
+     * directory's default ACL), as any file a program creates. An existing
+     * file keeps its permissions: the temporary file is made 0600, so that
+     * no one it does not allow can open it meanwhile, then given them. */
     struct stat st;
-    mode_t mode = 0644;  /* new files; an existing file keeps its permissions */
+    int keep_mode = 0;
+    mode_t mode = 0;
     if (stat(path, &st) == 0) {
         if (S_ISDIR(st.st_mode)) {
             castor__errf(err, errlen, "%s: is a directory", path);
@@ -204,6 +249,7 @@ int castor__st_write(const char *path, const castor__st_out *tensors, size_t n_t
             return CASTOR_IO;
         }
         mode = st.st_mode & 07777;
+        keep_mode = 1;
     }
 
     sbuf hb = {0};
@@ -239,7 +285,7 @@ int castor__st_write(const char *path, const castor__st_out *tensors, size_t n_t
 
     const char *what = NULL;
     int created = 0;
-    int fd = mkostemp(tmp, O_CLOEXEC);
+    int fd = create_temporary(tmp, plen, keep_mode ? 0600 : 0666);
     if (fd < 0) {
         what = "cannot create the temporary file";
         goto fail;
@@ -249,7 +295,7 @@ int castor__st_write(const char *path, const castor__st_out *tensors, size_t n_t
     uint64_t hlen = hb.len;
     for (int i = 0; i < 8; i++)
         lenbuf[i] = (unsigned char)(hlen >> (8 * i));
-    if (fchmod(fd, mode) != 0) {
+    if (keep_mode && fchmod(fd, mode) != 0) {
         what = "cannot set the permissions of the temporary file";
         goto fail;
     }

@@ -1,10 +1,14 @@
 #include "util.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <string.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 void castor__errf(char *buf, size_t len, const char *fmt, ...)
 {
@@ -34,4 +38,48 @@ int castor__mul_ok(size_t a, size_t b, size_t *out)
 const char *castor__strerror(int e, char *buf, size_t len)
 {
     return strerror_r(e, buf, len);
+}
+
+/* What a file that is not a regular one is, for messages. */
+static const char *not_regular(mode_t mode)
+{
+    return S_ISDIR(mode)    ? "is a directory"
+           : S_ISFIFO(mode) ? "is a FIFO (named pipe)"
+           : S_ISCHR(mode)  ? "is a character device"
+           : S_ISBLK(mode)  ? "is a block device"
+           : S_ISSOCK(mode) ? "is a socket"
+                            : "is not a regular file";
+}
+
+/* stat first, so that what is plainly no regular file is not even opened;
+ * O_NONBLOCK, so that the open returns at once should the path turn into a
+ * FIFO in between; fstat to decide, then O_NONBLOCK off for the reads. */
+int castor__open_regular(const char *path, const char *kind, struct stat *st, char *err,
+                         size_t errlen)
+{
+    char ebuf[128];
+    if (stat(path, st) == 0 && !S_ISREG(st->st_mode)) {
+        castor__errf(err, errlen, "%s: %s, not %s", path, not_regular(st->st_mode), kind);
+        return -1;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0) {
+        castor__errf(err, errlen, "%s: cannot open: %s", path,
+                     castor__strerror(errno, ebuf, sizeof ebuf));
+        return -1;
+    }
+    int flags;
+    if (fstat(fd, st) != 0) {
+        castor__errf(err, errlen, "%s: cannot stat: %s", path,
+                     castor__strerror(errno, ebuf, sizeof ebuf));
+    } else if (!S_ISREG(st->st_mode)) {
+        castor__errf(err, errlen, "%s: %s, not %s", path, not_regular(st->st_mode), kind);
+    } else if ((flags = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        castor__errf(err, errlen, "%s: cannot set up the file for reading (fcntl): %s", path,
+                     castor__strerror(errno, ebuf, sizeof ebuf));
+    } else {
+        return fd;
+    }
+    close(fd);
+    return -1;
 }

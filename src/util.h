@@ -13,6 +13,17 @@ const char *castor__strerror(int e, char *buf, size_t len);
 /* Monotonic seconds. */
 double castor__now(void);
 
+/*
+ * Opens path for reading if it is a regular file; else -1 with
+ * "PATH: is a directory, not KIND" (or a FIFO, a device, ...) in err.
+ * Anything but a regular file is refused before a byte is read: a FIFO
+ * would block the open until a writer came, a device would read for ever.
+ * st receives the file's status.
+ */
+struct stat;
+int castor__open_regular(const char *path, const char *kind, struct stat *st, char *err,
+                         size_t errlen);
+
 /* a * b into *out unless it overflows size_t; returns 0 on overflow. */
 int castor__mul_ok(size_t a, size_t b, size_t *out);
 

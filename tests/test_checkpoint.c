@@ -1042,3 +1042,50 @@ Test(checkpoint, open_holds_the_metadata_to_the_tensors_before_allocating)
     castor_strategy_free(s);
     teardown(&fx);
 }
+
+/* Text from the file reaches messages escaped: no terminal control codes. */
+static void escape_in_format(parts *p)
+{
+    edit(p, "\"format\":\"castor-checkpoint-1\"", "\"format\":\"\\u001b[2J\\u001b[31mpwned\\n\"");
+}
+static void escape_in_tensor_name(parts *p)
+{
+    char entry[160];
+    snprintf(entry, sizeof entry, ",\"x\\u001b[31m\\r\":{\"dtype\":\"F32\",\"shape\":[1],"
+             "\"data_offsets\":[%zu,%zu]}}", p->data_len, p->data_len + 4);
+    size_t hl = strlen(p->header);
+    p->header[hl - 1] = '\0';
+    char *h = malloc(hl + strlen(entry) + 1);
+    strcpy(h, p->header);
+    strcat(h, entry);
+    free(p->header);
+    p->header = h;
+    p->data = realloc(p->data, p->data_len + 4);
+    memset(p->data + p->data_len, 0, 4);
+    p->data_len += 4;
+    fix_crc(p);
+}
+
+static void expect_escaped(void (*mutate)(parts *), int code)
+{
+    fixture fx;
+    setup(&fx);
+    parts p = split_file(fx.good);
+    mutate(&p);
+    write_parts(&p, fx.bad);
+    parts_free(&p);
+    int rc = castor_model_load(fx.m, fx.bad);
+    const char *msg = castor_model_errmsg(fx.m);
+    cr_assert_eq(rc, code, "%s", msg);
+    for (const char *c = msg; *c; c++)
+        cr_assert((unsigned char)*c >= 0x20 && *c != 0x7f, "control byte %#x in: %s",
+                  (unsigned char)*c, msg);
+    cr_assert(strstr(msg, "\\x1b"), "the escape is shown as text: %s", msg);
+    teardown(&fx);
+}
+
+Test(checkpoint, file_text_in_messages_is_escaped)
+{
+    expect_escaped(escape_in_format, CASTOR_FORMAT);
+    expect_escaped(escape_in_tensor_name, CASTOR_MISMATCH);
+}

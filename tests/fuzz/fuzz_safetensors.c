@@ -1,7 +1,8 @@
 /*
  * libFuzzer harness: the safetensors parser (src/safetensors_read.c) on bytes in
  * memory. Whatever it accepts must be safe to index: every tensor's bytes are
- * read (ASan checks the bounds) and the format's invariants are asserted.
+ * read (ASan checks the bounds) and the format's invariants are asserted;
+ * whatever it refuses gets a one-line message with no control bytes.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -19,9 +20,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     err[0] = '\0';
     int rc = castor__st_parse(data, size, "fuzz", &f, err, sizeof err);
     if (rc) {
-        /* Failures say so, naming the input. */
+        /* Failures say so, naming the input, in one line: whatever names the
+         * input holds, no newline or other control byte reaches the message. */
         if (f.n_tensors || f.n_meta || f.tensors || f.meta || strncmp(err, "fuzz: ", 6) != 0)
             abort();
+        for (const unsigned char *p = (const unsigned char *)err; *p; p++)
+            if (*p < 0x20 || *p == 0x7f)
+                abort();
         castor__st_free(&f);
         return 0;
     }
