@@ -163,21 +163,24 @@ $(BUILD)/tsan-threads: $(BUILD)/obj/tests/tsan/threads.o $(BUILD)/libcastor.a
 
 # ---- fuzzing (clang + libFuzzer, with ASan and UBSan) ----
 FUZZ_SECONDS ?= 60
-FUZZERS = idx safetensors layers
+FUZZERS = idx safetensors checkpoint layers
 FUZZ_BUILD = $(BUILD)/fuzz
 fuzz: deps-check
 	$(MAKE) --no-print-directory CC=clang BUILD=$(FUZZ_BUILD) NO_CUDA=1 OPT=-O1 \
 	    SANITIZE="-fsanitize=fuzzer-no-link,address,undefined" $(FUZZ_BUILD)/libcastor.a
-	@set -e; for f in $(FUZZERS); do \
+	@# Every harness runs even when one finds a crash; the target fails at the end.
+	@failed=""; for f in $(FUZZERS); do \
 	    clang -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -I. $(CJSON_CFLAGS) \
-	        tests/fuzz/fuzz_$$f.c $(FUZZ_BUILD)/libcastor.a $(LDLIBS) -o $(FUZZ_BUILD)/fuzz_$$f; \
+	        tests/fuzz/fuzz_$$f.c $(FUZZ_BUILD)/libcastor.a $(LDLIBS) -o $(FUZZ_BUILD)/fuzz_$$f \
+	        || exit 1; \
 	    rm -rf $(FUZZ_BUILD)/corpus_$$f; cp -r tests/fuzz/corpus/$$f $(FUZZ_BUILD)/corpus_$$f; \
 	    echo "fuzz_$$f: $(FUZZ_SECONDS) s"; \
 	    $(FUZZ_BUILD)/fuzz_$$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
 	        -artifact_prefix=$(FUZZ_BUILD)/crash_$$f- $(FUZZ_BUILD)/corpus_$$f 2>&1 \
 	        | grep -E 'stat::number_of_executed_units|ERROR|SUMMARY|Done' ; \
-	    test $${PIPESTATUS[0]} -eq 0; \
-	done
+	    test $${PIPESTATUS[0]} -eq 0 || failed="$$failed fuzz_$$f"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make fuzz: crashes in$$failed (inputs in $(FUZZ_BUILD)/crash_*)"; exit 1; fi
 
 deps-check:
 	@bash scripts/install-deps --check-or-install
