@@ -13,6 +13,40 @@ int cdev_fail(cdev *dev, int code, const char *fmt, ...)
     return code;
 }
 
+int cdev_bad_args(cdev *dev, const char *op)
+{
+    return cdev_fail(dev, CASTOR_MISUSE, "%s: %s called with a NULL buffer or negative size",
+                     dev->name, op);
+}
+
+/* A GPU backend would hand an unknown stream to the driver and fail there;
+ * refusing it first keeps code tested only on CPU devices honest. */
+int cdev_bad_stream(cdev *dev, const char *op, int stream)
+{
+    return cdev_fail(dev, CASTOR_MISUSE, "%s: %s on stream %d, which does not exist (0..%d)",
+                     dev->name, op, stream, CDEV_NUM_STREAMS - 1);
+}
+
+int cdev_check_gemm(cdev *dev, int trans_a, int trans_b, int m, int n, int k, const float *a,
+                    int lda, const float *b, int ldb, const float *c, int ldc)
+{
+    if (!a || !b || !c || m < 0 || n < 0 || k < 0)
+        return cdev_bad_args(dev, "gemm");
+    /* OpenBLAS answers a short leading dimension by printing to stdout
+     * (xerbla) and cuBLAS with an error of its own: refuse it first. A
+     * row-major row stride is the column-major leading dimension of the
+     * transpose, so the bounds are the same for both. */
+    int a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
+    if (lda < (a_cols > 1 ? a_cols : 1) || ldb < (b_cols > 1 ? b_cols : 1) ||
+        ldc < (n > 1 ? n : 1))
+        return cdev_fail(dev, CASTOR_MISUSE,
+                         "%s: gemm %c%c m %d n %d k %d with lda %d ldb %d ldc %d: a leading "
+                         "dimension is shorter than its row",
+                         dev->name, trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, lda, ldb,
+                         ldc);
+    return CASTOR_OK;
+}
+
 int cdev_alloc(cdev *dev, size_t bytes, void **d_out)
 {
     if (!dev)

@@ -136,6 +136,19 @@ static inline int cdev_copy_d2h(cdev *dev, int stream, void *h_dst, const void *
 int cdev_fail(cdev *dev, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Argument checks every backend makes, so that a bad call gets the same
+ * status and message from each (CASTOR_MISUSE, naming the device and op). */
+int cdev_bad_args(cdev *dev, const char *op);
+int cdev_bad_stream(cdev *dev, const char *op, int stream);
+static inline int cdev_stream_ok(int stream)
+{
+    return stream >= 0 && stream < CDEV_NUM_STREAMS;
+}
+/* gemm's pointers, sizes and leading dimensions (row strides of A, B, C as
+ * stored, each at least its row and at least 1); CASTOR_OK if they hold. */
+int cdev_check_gemm(cdev *dev, int trans_a, int trans_b, int m, int n, int k, const float *a,
+                    int lda, const float *b, int ldb, const float *c, int ldc);
+
 /* Budget-checked allocation: fails with CASTOR_DEVICE_MEMORY naming the bytes
  * asked, held and the budget. cdev_free takes the size it was allocated with. */
 int cdev_alloc(cdev *dev, size_t bytes, void **d_out);

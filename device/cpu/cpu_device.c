@@ -28,24 +28,6 @@ struct cdev_event {
     int recorded;
 };
 
-static int bad_args(cdev *dev, const char *op)
-{
-    return cdev_fail(dev, CASTOR_MISUSE, "%s: %s called with a NULL buffer or negative size",
-                     dev->name, op);
-}
-
-/* A GPU backend would hand an unknown stream to the driver and fail there;
- * refusing it here keeps code tested only on CPU devices honest. */
-static int bad_stream(cdev *dev, const char *op, int stream)
-{
-    return cdev_fail(dev, CASTOR_MISUSE, "%s: %s on stream %d, which does not exist (0..%d)",
-                     dev->name, op, stream, CDEV_NUM_STREAMS - 1);
-}
-
-static int stream_ok(int stream)
-{
-    return stream >= 0 && stream < CDEV_NUM_STREAMS;
-}
 
 static void cpu_destroy(cdev *dev)
 {
@@ -78,10 +60,10 @@ static void cpu_release(cdev *dev, void *d_ptr)
 
 static int cpu_memset0(cdev *dev, int stream, void *d_dst, size_t bytes)
 {
-    if (!stream_ok(stream))
-        return bad_stream(dev, "memset0", stream);
+    if (!cdev_stream_ok(stream))
+        return cdev_bad_stream(dev, "memset0", stream);
     if (!d_dst && bytes)
-        return bad_args(dev, "memset0");
+        return cdev_bad_args(dev, "memset0");
     if (bytes)
         memset(d_dst, 0, bytes);
     return CASTOR_OK;
@@ -89,10 +71,10 @@ static int cpu_memset0(cdev *dev, int stream, void *d_dst, size_t bytes)
 
 static int copy(cdev *dev, const char *op, int stream, void *dst, const void *src, size_t bytes)
 {
-    if (!stream_ok(stream))
-        return bad_stream(dev, op, stream);
+    if (!cdev_stream_ok(stream))
+        return cdev_bad_stream(dev, op, stream);
     if ((!dst || !src) && bytes)
-        return bad_args(dev, op);
+        return cdev_bad_args(dev, op);
     if (bytes)
         memcpy(dst, src, bytes);  /* overlap is a caller bug, as on CUDA; ASan reports it */
     return CASTOR_OK;
@@ -116,7 +98,7 @@ static int cpu_copy_d2d(cdev *dev, int stream, void *d_dst, const void *d_src, s
 static int cpu_event_create(cdev *dev, cdev_event **out)
 {
     if (!out)
-        return bad_args(dev, "event_create");
+        return cdev_bad_args(dev, "event_create");
     *out = calloc(1, sizeof **out);
     return *out ? CASTOR_OK
                 : cdev_fail(dev, CASTOR_NOMEM, "%s: no host memory for an event", dev->name);
@@ -130,22 +112,22 @@ static void cpu_event_destroy(cdev *dev, cdev_event *ev)
 
 static int cpu_event_record(cdev *dev, cdev_event *ev, int stream)
 {
-    if (!stream_ok(stream))
-        return bad_stream(dev, "event_record", stream);
+    if (!cdev_stream_ok(stream))
+        return cdev_bad_stream(dev, "event_record", stream);
     if (!ev)
-        return bad_args(dev, "event_record");
+        return cdev_bad_args(dev, "event_record");
     ev->recorded = 1;
     return CASTOR_OK;
 }
 
 static int cpu_stream_wait(cdev *dev, int stream, cdev_event *ev)
 {
-    if (!stream_ok(stream))
-        return bad_stream(dev, "stream_wait", stream);
+    if (!cdev_stream_ok(stream))
+        return cdev_bad_stream(dev, "stream_wait", stream);
     /* Waiting on an event never recorded is legal on CUDA (a no-op), so
      * only its existence is checked; the work it marks ran when queued. */
     if (!ev)
-        return bad_args(dev, "stream_wait");
+        return cdev_bad_args(dev, "stream_wait");
     return CASTOR_OK;
 }
 
@@ -159,18 +141,9 @@ static int cpu_gemm(cdev *dev, int trans_a, int trans_b, int m, int n, int k, fl
                     const float *a, int lda, const float *b, int ldb, float beta, float *c,
                     int ldc)
 {
-    if (!a || !b || !c || m < 0 || n < 0 || k < 0)
-        return bad_args(dev, "gemm");
-    /* OpenBLAS answers a short leading dimension by printing to stdout
-     * (xerbla) and returning, which a library must not do: refuse it first. */
-    int a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
-    if (lda < (a_cols > 1 ? a_cols : 1) || ldb < (b_cols > 1 ? b_cols : 1) ||
-        ldc < (n > 1 ? n : 1))
-        return cdev_fail(dev, CASTOR_MISUSE,
-                         "%s: gemm %c%c m %d n %d k %d with lda %d ldb %d ldc %d: a leading "
-                         "dimension is shorter than its row",
-                         dev->name, trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, lda, ldb,
-                         ldc);
+    int rc = cdev_check_gemm(dev, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+    if (rc)
+        return rc;
     if (m == 0 || n == 0)
         return CASTOR_OK;
     /* k == 0 is left to BLAS, which defines it as C = beta * C. */
@@ -183,7 +156,7 @@ static int cpu_gemm(cdev *dev, int trans_a, int trans_b, int m, int n, int k, fl
 static int cpu_bias_add(cdev *dev, float *y, const float *bias, int rows, int cols)
 {
     if (!y || !bias || rows < 0 || cols < 0)
-        return bad_args(dev, "bias_add");
+        return cdev_bad_args(dev, "bias_add");
     for (int r = 0; r < rows; r++) {
         float *row = y + (size_t)r * (size_t)cols;
         for (int c = 0; c < cols; c++)
@@ -195,7 +168,7 @@ static int cpu_bias_add(cdev *dev, float *y, const float *bias, int rows, int co
 static int cpu_bias_grad(cdev *dev, const float *dy, float *db, int rows, int cols)
 {
     if (!dy || !db || rows < 0 || cols < 0)
-        return bad_args(dev, "bias_grad");
+        return cdev_bad_args(dev, "bias_grad");
     memset(db, 0, (size_t)cols * sizeof(float));
     for (int r = 0; r < rows; r++) {
         const float *row = dy + (size_t)r * (size_t)cols;
@@ -213,7 +186,7 @@ static int unknown_act(cdev *dev, castor_activation act)
 static int cpu_act_forward(cdev *dev, castor_activation act, float *y, size_t n)
 {
     if (!y && n)
-        return bad_args(dev, "act_forward");
+        return cdev_bad_args(dev, "act_forward");
     switch (act) {
     case CASTOR_ACT_RELU:
         for (size_t i = 0; i < n; i++)
@@ -238,7 +211,7 @@ static int cpu_act_forward(cdev *dev, castor_activation act, float *y, size_t n)
 static int cpu_act_backward(cdev *dev, castor_activation act, const float *y, float *dy, size_t n)
 {
     if ((!y || !dy) && n)
-        return bad_args(dev, "act_backward");
+        return cdev_bad_args(dev, "act_backward");
     switch (act) {
     case CASTOR_ACT_RELU:
         for (size_t i = 0; i < n; i++)
@@ -264,7 +237,7 @@ static int cpu_softmax_xent(cdev *dev, const float *logits, const int32_t *label
                             int cols, float grad_scale, float *dlogits, float *row_stats)
 {
     if (!logits || !labels || !row_stats || rows < 0 || cols <= 0)
-        return bad_args(dev, "softmax_xent");
+        return cdev_bad_args(dev, "softmax_xent");
     for (int r = 0; r < rows; r++) {
         const float *l = logits + (size_t)r * (size_t)cols;
         int label = labels[r];
@@ -300,7 +273,7 @@ static int cpu_mse(cdev *dev, const float *pred, const float *target, int rows, 
                    float grad_scale, float *dpred, float *row_stats)
 {
     if (!pred || !target || !row_stats || rows < 0 || cols <= 0)
-        return bad_args(dev, "mse");
+        return cdev_bad_args(dev, "mse");
     /* One factor for every element, as the CUDA launcher passes it. */
     float g = grad_scale * 2.0f / (float)cols;
     for (int r = 0; r < rows; r++) {
@@ -322,7 +295,7 @@ static int cpu_mse(cdev *dev, const float *pred, const float *target, int rows, 
 static int cpu_add(cdev *dev, float *dst, const float *src, size_t n)
 {
     if ((!dst || !src) && n)
-        return bad_args(dev, "add");
+        return cdev_bad_args(dev, "add");
     for (size_t i = 0; i < n; i++)
         dst[i] += src[i];
     return CASTOR_OK;
@@ -332,7 +305,7 @@ static int cpu_optimizer_step(cdev *dev, const castor_optimizer *opt, float *par
                               const float *grads, float *state, size_t n, int64_t step)
 {
     if (!opt || ((!params || !grads) && n))
-        return bad_args(dev, "optimizer_step");
+        return cdev_bad_args(dev, "optimizer_step");
     if (opt->kind != CASTOR_OPT_SGD && opt->kind != CASTOR_OPT_ADAM &&
         opt->kind != CASTOR_OPT_ADAMW)
         return cdev_fail(dev, CASTOR_INVALID, "%s: unknown optimizer kind %d", dev->name,

@@ -22,26 +22,10 @@ extern "C" {
 
 namespace {
 
-/* The argument checks are the CPU backend's (device/cpu/cpu_device.c), with
- * the same statuses and messages, so a bad call gets the same answer from
- * either backend; here they also keep a NULL buffer or a bad size from
- * reaching a kernel (a fault that loses the context) or cuBLAS. */
-int bad_args(cdev *dev, const char *op)
-{
-    return cdev_fail(dev, CASTOR_MISUSE, "%s: %s called with a NULL buffer or negative size",
-                     dev->name, op);
-}
-
-int bad_stream(cdev *dev, const char *op, int stream)
-{
-    return cdev_fail(dev, CASTOR_MISUSE, "%s: %s on stream %d, which does not exist (0..%d)",
-                     dev->name, op, stream, CDEV_NUM_STREAMS - 1);
-}
-
-bool stream_ok(int stream)
-{
-    return stream >= 0 && stream < CDEV_NUM_STREAMS;
-}
+/* The argument checks are device/device.c's, shared with the CPU backend,
+ * so a bad call gets the same answer from either; here they also keep a
+ * NULL buffer or a bad size from reaching a kernel (a fault that loses the
+ * context) or cuBLAS. */
 
 cudaStream_t stream_of(cdev *dev, int stream)
 {
@@ -134,10 +118,10 @@ void cuda_release(cdev *dev, void *d_ptr)
 
 int cuda_memset0(cdev *dev, int stream, void *d_dst, size_t bytes)
 {
-    if (!stream_ok(stream))
-        return bad_stream(dev, "memset0", stream);
+    if (!cdev_stream_ok(stream))
+        return cdev_bad_stream(dev, "memset0", stream);
     if (!d_dst && bytes)
-        return bad_args(dev, "memset0");
+        return cdev_bad_args(dev, "memset0");
     if (bytes == 0)
         return CASTOR_OK;
     CUDA_ENTER(dev);
@@ -147,10 +131,10 @@ int cuda_memset0(cdev *dev, int stream, void *d_dst, size_t bytes)
 
 int cuda_copy_h2d(cdev *dev, int stream, void *d_dst, const void *h_src, size_t bytes)
 {
-    if (!stream_ok(stream))
-        return bad_stream(dev, "copy_h2d", stream);
+    if (!cdev_stream_ok(stream))
+        return cdev_bad_stream(dev, "copy_h2d", stream);
     if ((!d_dst || !h_src) && bytes)
-        return bad_args(dev, "copy_h2d");
+        return cdev_bad_args(dev, "copy_h2d");
     if (bytes == 0)
         return CASTOR_OK;
     CUDA_ENTER(dev);
@@ -161,10 +145,10 @@ int cuda_copy_h2d(cdev *dev, int stream, void *d_dst, const void *h_src, size_t 
 
 int cuda_copy_d2h(cdev *dev, int stream, void *h_dst, const void *d_src, size_t bytes)
 {
-    if (!stream_ok(stream))
-        return bad_stream(dev, "copy_d2h", stream);
+    if (!cdev_stream_ok(stream))
+        return cdev_bad_stream(dev, "copy_d2h", stream);
     if ((!h_dst || !d_src) && bytes)
-        return bad_args(dev, "copy_d2h");
+        return cdev_bad_args(dev, "copy_d2h");
     if (bytes == 0)
         return CASTOR_OK;
     CUDA_ENTER(dev);
@@ -175,10 +159,10 @@ int cuda_copy_d2h(cdev *dev, int stream, void *h_dst, const void *d_src, size_t 
 
 int cuda_copy_d2d(cdev *dev, int stream, void *d_dst, const void *d_src, size_t bytes)
 {
-    if (!stream_ok(stream))
-        return bad_stream(dev, "copy_d2d", stream);
+    if (!cdev_stream_ok(stream))
+        return cdev_bad_stream(dev, "copy_d2d", stream);
     if ((!d_dst || !d_src) && bytes)
-        return bad_args(dev, "copy_d2d");
+        return cdev_bad_args(dev, "copy_d2d");
     if (bytes == 0)
         return CASTOR_OK;
     CUDA_ENTER(dev);
@@ -190,7 +174,7 @@ int cuda_copy_d2d(cdev *dev, int stream, void *d_dst, const void *d_src, size_t 
 int cuda_event_create(cdev *dev, cdev_event **out)
 {
     if (!out)
-        return bad_args(dev, "event_create");
+        return cdev_bad_args(dev, "event_create");
     *out = NULL;
     CUDA_ENTER(dev);
     cudaEvent_t ev = NULL;
@@ -211,10 +195,10 @@ void cuda_event_destroy(cdev *dev, cdev_event *ev)
 
 int cuda_event_record(cdev *dev, cdev_event *ev, int stream)
 {
-    if (!stream_ok(stream))
-        return bad_stream(dev, "event_record", stream);
+    if (!cdev_stream_ok(stream))
+        return cdev_bad_stream(dev, "event_record", stream);
     if (!ev)
-        return bad_args(dev, "event_record");
+        return cdev_bad_args(dev, "event_record");
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, cudaEventRecord(to_cuda_event(ev), stream_of(dev, stream)));
     return CASTOR_OK;
@@ -222,11 +206,11 @@ int cuda_event_record(cdev *dev, cdev_event *ev, int stream)
 
 int cuda_stream_wait(cdev *dev, int stream, cdev_event *ev)
 {
-    if (!stream_ok(stream))
-        return bad_stream(dev, "stream_wait", stream);
+    if (!cdev_stream_ok(stream))
+        return cdev_bad_stream(dev, "stream_wait", stream);
     /* Waiting on an event never recorded is legal (a no-op); NULL is not. */
     if (!ev)
-        return bad_args(dev, "stream_wait");
+        return cdev_bad_args(dev, "stream_wait");
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, cudaStreamWaitEvent(stream_of(dev, stream), to_cuda_event(ev), 0));
     return CASTOR_OK;
@@ -252,18 +236,9 @@ int cuda_gemm(cdev *dev, int trans_a, int trans_b, int m, int n, int k, float al
               const float *d_a, int lda, const float *d_b, int ldb, float beta, float *d_c,
               int ldc)
 {
-    if (!d_a || !d_b || !d_c || m < 0 || n < 0 || k < 0)
-        return bad_args(dev, "gemm");
-    /* The CPU backend's bounds, which are also cuBLAS's: a row-major row
-     * stride is the column-major leading dimension of the transpose. */
-    int a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
-    if (lda < (a_cols > 1 ? a_cols : 1) || ldb < (b_cols > 1 ? b_cols : 1) ||
-        ldc < (n > 1 ? n : 1))
-        return cdev_fail(dev, CASTOR_MISUSE,
-                         "%s: gemm %c%c m %d n %d k %d with lda %d ldb %d ldc %d: a leading "
-                         "dimension is shorter than its row",
-                         dev->name, trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, lda, ldb,
-                         ldc);
+    int rc = cdev_check_gemm(dev, trans_a, trans_b, m, n, k, d_a, lda, d_b, ldb, d_c, ldc);
+    if (rc)
+        return rc;
     if (m == 0 || n == 0)
         return CASTOR_OK;
     CUDA_ENTER(dev);
@@ -287,7 +262,7 @@ int cuda_gemm(cdev *dev, int trans_a, int trans_b, int m, int n, int k, float al
 int cuda_bias_add(cdev *dev, float *d_y, const float *d_bias, int rows, int cols)
 {
     if (!d_y || !d_bias || rows < 0 || cols < 0)
-        return bad_args(dev, "bias_add");
+        return cdev_bad_args(dev, "bias_add");
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, castor__cuda_bias_add(compute_stream(dev), d_y, d_bias, rows, cols));
     return CASTOR_OK;
@@ -296,7 +271,7 @@ int cuda_bias_add(cdev *dev, float *d_y, const float *d_bias, int rows, int cols
 int cuda_bias_grad(cdev *dev, const float *d_dy, float *d_db, int rows, int cols)
 {
     if (!d_dy || !d_db || rows < 0 || cols < 0)
-        return bad_args(dev, "bias_grad");
+        return cdev_bad_args(dev, "bias_grad");
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, castor__cuda_bias_grad(compute_stream(dev), d_dy, d_db, rows, cols));
     return CASTOR_OK;
@@ -311,7 +286,7 @@ bool act_ok(castor_activation act)
 int cuda_act_forward(cdev *dev, castor_activation act, float *d_y, size_t n)
 {
     if (!d_y && n)
-        return bad_args(dev, "act_forward");
+        return cdev_bad_args(dev, "act_forward");
     if (!act_ok(act))
         return cdev_fail(dev, CASTOR_INVALID, "%s: unknown activation %d", dev->name, (int)act);
     CUDA_ENTER(dev);
@@ -322,7 +297,7 @@ int cuda_act_forward(cdev *dev, castor_activation act, float *d_y, size_t n)
 int cuda_act_backward(cdev *dev, castor_activation act, const float *d_y, float *d_dy, size_t n)
 {
     if ((!d_y || !d_dy) && n)
-        return bad_args(dev, "act_backward");
+        return cdev_bad_args(dev, "act_backward");
     if (!act_ok(act))
         return cdev_fail(dev, CASTOR_INVALID, "%s: unknown activation %d", dev->name, (int)act);
     CUDA_ENTER(dev);
@@ -336,7 +311,7 @@ int cuda_softmax_xent(cdev *dev, const float *d_logits, const int32_t *d_labels,
     /* Labels are not checked here (the CPU backend refuses a bad one): that
      * would mean reading them back; the kernel gives such a row a NaN loss. */
     if (!d_logits || !d_labels || !d_row_stats || rows < 0 || cols <= 0)
-        return bad_args(dev, "softmax_xent");
+        return cdev_bad_args(dev, "softmax_xent");
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, castor__cuda_softmax_xent(compute_stream(dev), d_logits, d_labels, rows,
                                               cols, grad_scale, d_dlogits, d_row_stats));
@@ -347,7 +322,7 @@ int cuda_mse(cdev *dev, const float *d_pred, const float *d_target, int rows, in
              float grad_scale, float *d_dpred, float *d_row_stats)
 {
     if (!d_pred || !d_target || !d_row_stats || rows < 0 || cols <= 0)
-        return bad_args(dev, "mse");
+        return cdev_bad_args(dev, "mse");
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, castor__cuda_mse(compute_stream(dev), d_pred, d_target, rows, cols,
                                      grad_scale, d_dpred, d_row_stats));
@@ -357,7 +332,7 @@ int cuda_mse(cdev *dev, const float *d_pred, const float *d_target, int rows, in
 int cuda_add(cdev *dev, float *d_dst, const float *d_src, size_t n)
 {
     if ((!d_dst || !d_src) && n)
-        return bad_args(dev, "add");
+        return cdev_bad_args(dev, "add");
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, castor__cuda_add(compute_stream(dev), d_dst, d_src, n));
     return CASTOR_OK;
@@ -367,7 +342,7 @@ int cuda_optimizer_step(cdev *dev, const castor_optimizer *opt, float *d_params,
                         const float *d_grads, float *d_state, size_t n, int64_t step)
 {
     if (!opt || ((!d_params || !d_grads) && n))
-        return bad_args(dev, "optimizer_step");
+        return cdev_bad_args(dev, "optimizer_step");
     if (opt->kind != CASTOR_OPT_SGD && opt->kind != CASTOR_OPT_ADAM &&
         opt->kind != CASTOR_OPT_ADAMW)
         return cdev_fail(dev, CASTOR_INVALID, "%s: unknown optimizer kind %d", dev->name,
