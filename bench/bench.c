@@ -27,6 +27,7 @@
 #include "host/pool.h"
 #include "src/cli/args.h"
 #include "src/cli/cli.h"
+#include "src/cli/common.h"
 
 /* ---- flags ------------------------------------------------------------- */
 
@@ -603,6 +604,10 @@ int castor_cli_bench(int argc, char **argv)
     if (prc)
         return prc > 0 ? CLI_EXIT_OK : CLI_EXIT_USAGE;
     double t_start = cli_now();
+    /* As castor train does: the replicas share the cores rather than each
+     * running a GEMM with a thread per core (unless OPENBLAS_NUM_THREADS
+     * says otherwise), so the limits and the runs are measured as trained. */
+    cli_blas_threads(c.devices);
     /* Another job on the cores moves every number here: look for one. */
     cpu_clock look0, look1;
     cpu_clock_read(&look0);

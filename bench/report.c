@@ -541,7 +541,9 @@ static void write_script(FILE *f, const char *png, const bench_config *c, const 
     static const char *colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
                                    "#8c564b", "#e377c2", "#7f7f7f"};
     const int ncol = (int)(sizeof colors / sizeof colors[0]);
-    /* Left: step time, measured and lower bound. */
+    /* Left: step time, measured and lower bound. The strategies' bounds
+     * often coincide (same GEMMs, same bytes): each series' dashes differ,
+     * so that one drawn over another still shows both colours. */
     fprintf(f, "set logscale y\nset ylabel 'median step time (ms)'\n"
                "set title 'step time (dashed: lower bound from the measured limits)'\nplot ");
     for (int k = 0; k < nser; k++) {
@@ -549,8 +551,9 @@ static void write_script(FILE *f, const char *png, const bench_config *c, const 
         series_name(name, sizeof name, c, &ser[k]);
         fprintf(f,
                 "%s$s%d using 1:2 with linespoints lw 2 pt 7 lc rgb '%s' title '%s', "
-                "$s%d using 1:($3 > 0 ? $3 : NaN) with lines dt 2 lc rgb '%s' title '%s bound'",
-                k ? ", " : "", k, colors[k % ncol], name, k, colors[k % ncol], name);
+                "$s%d using 1:($3 > 0 ? $3 : NaN) with lines dt %d lw 2 lc rgb '%s' "
+                "title '%s bound'",
+                k ? ", " : "", k, colors[k % ncol], name, k, 2 + k % 4, colors[k % ncol], name);
     }
     fprintf(f, "\n");
     /* Right: device memory. */
