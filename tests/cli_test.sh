@@ -169,6 +169,7 @@ expect_error 2 "--lr 1e-50 (zero as a float)" train --data "$T/no-such-dir" --lr
 expect_error 2 "--lr -0.1" train --lr -0.1
 expect_error 2 "--lr 1e999" train --lr 1e999
 expect_error 2 "--momentum 1" train --optimizer sgd --momentum 1
+expect_error 2 "--momentum 0.9999999999 (1 as a float)" train --data "$T/no-such-dir" --optimizer sgd --momentum 0.9999999999
 expect_error 2 "--momentum with adam" train --optimizer adam --momentum 0.9
 expect_error 2 "--nesterov with adamw" train --optimizer adamw --nesterov
 expect_error 2 "--weight-decay with sgd" train --optimizer sgd --weight-decay 0.01
@@ -697,8 +698,40 @@ if [[ $rc -eq 0 ]]; then
     else
         bad "eval a model of 61 layers: status $rc" "$(cat "$T/err")"
     fi
+    # --layers may be given on resume if it is the file's
+    run train --data "$DATA" --layers "$LONG_LAYERS" --devices cpu --epochs 2 --batch 64 \
+        --resume "$LONG" --quiet
+    if [[ $rc -eq 0 ]]; then
+        ok "resume a model of 61 layers with its --layers"
+    else
+        bad "resume a model of 61 layers with its --layers: status $rc" "$(cat "$T/err")"
+    fi
 else
     bad "train a model of 61 layers: status $rc" "$(cat "$T/err")"
+fi
+
+# ---- text from a checkpoint reaches the terminal only as printable characters -------------
+EVIL="$T/evil.safetensors"
+if python3 - "$SAVED" "$EVIL" <<'EOF'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+(n,) = struct.unpack("<Q", raw[:8])
+header = json.loads(raw[8:8 + n])
+header["__metadata__"]["strategy"] = "mirrored\x1b[31mRED\nsecond line"
+text = json.dumps(header, separators=(",", ":")).encode()
+text += b" " * (-len(text) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+EOF
+then
+    run train --data "$DATA" --devices cpu:2 --epochs 2 --batch 64 --resume "$EVIL"
+    if [[ $rc -eq 0 ]] && ! grep -q $'\x1b' "$T/err" && ! grep -q '^second line' "$T/err" &&
+        grep -q 'written by the mirrored?\[31mRED?second line strategy' "$T/err"; then
+        ok "resume: the file's strategy text is shown printable, on one line"
+    else
+        bad "resume: the file's strategy text: status $rc" "$(cat -v "$T/err")"
+    fi
+else
+    bad "python3 could not rewrite the checkpoint's metadata"
 fi
 
 echo "$passed passed, $failed failed"

@@ -187,8 +187,10 @@ int cli_parse_double(const char *flag, const char *s, double lo, int lo_open, do
         cli_errorf("--%s %s: too close to 0 for a 32-bit float", flag, s);
         return -1;
     }
-    int below = lo_open ? !(v > lo) : !(v >= lo);
-    int above = hi_open ? !(v < hi) : !(v <= hi);
+    /* And in range as the float it becomes: 0.9999999999 is 1.0f. */
+    double vf = (double)(float)v;
+    int below = lo_open ? !(v > lo && vf > lo) : !(v >= lo && vf >= lo);
+    int above = hi_open ? !(v < hi && vf < hi) : !(v <= hi && vf <= hi);
     if (below || above) {
         cli_errorf("--%s %s: must be %s %g and %s %g", flag, s, lo_open ? ">" : ">=", lo,
                    hi_open ? "<" : "<=", hi);

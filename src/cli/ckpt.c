@@ -218,6 +218,16 @@ static int meta_f(const cJSON *meta, const char *key, double *out, const char *p
     return 0;
 }
 
+/* src into dst (cut to fit), each byte outside printable ASCII as '?':
+ * text from a file must not steer the terminal or break a line. */
+static void copy_printable(char *dst, size_t size, const char *src)
+{
+    size_t i = 0;
+    for (; src && src[i] && i + 1 < size; i++)
+        dst[i] = (src[i] >= 0x20 && src[i] < 0x7f) ? src[i] : '?';
+    dst[i] = '\0';
+}
+
 static int parse_meta(const cJSON *meta, cli_ckpt_meta *m, const char *path, char *err,
                       size_t errlen)
 {
@@ -249,10 +259,10 @@ static int parse_meta(const cJSON *meta, cli_ckpt_meta *m, const char *path, cha
         meta_i64(meta, "epoch_batch", 0, INT32_MAX, &v, path, err, errlen))
         return -1;
     m->epoch_batch = (int)v;
-    /* Informational: absent or odd values are no reason to refuse the file. */
-    const char *s1 = meta_str(meta, "strategy"), *s2 = meta_str(meta, "devices");
-    snprintf(m->strategy, sizeof m->strategy, "%s", s1 ? s1 : "");
-    snprintf(m->devices, sizeof m->devices, "%s", s2 ? s2 : "");
+    /* Informational: absent or odd values are no reason to refuse the file.
+     * They are printed, though, so only printable ASCII is kept. */
+    copy_printable(m->strategy, sizeof m->strategy, meta_str(meta, "strategy"));
+    copy_printable(m->devices, sizeof m->devices, meta_str(meta, "devices"));
     m->replicas = meta_i64(meta, "replicas", 0, INT32_MAX, &v, path, err, errlen) ? 0 : (int)v;
     err[0] = '\0';
     return 0;

@@ -37,7 +37,7 @@ static int check_resume_flags(train_run *r)
     const cli_ckpt_meta *m = &r->meta;
     const char *f = r->resumed_from;
     if (r->o.layers_set) {
-        char want[512];
+        char want[CLI_LAYERS_MAX];
         int rc = normal_layers(r->o.layers, m->input_features, want, sizeof want);
         if (rc)
             return rc;
