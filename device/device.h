@@ -10,7 +10,9 @@
  * Nothing here prints or exits.
  *
  * Pointers named d_* are device memory and may only be handed back to the
- * same device's functions; the CPU backend keeps its memory apart from the
+ * functions of a device on the same physical device (logical replicas that
+ * share a GPU may use each other's buffers: the mirrored strategy sums their
+ * gradients that way); the CPU backend keeps its memory apart from the
  * host's, so a strategy that touched device memory directly would be wrong
  * on a GPU and is caught by the tests.
  *
