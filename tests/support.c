@@ -1,11 +1,14 @@
 #include "support.h"
 
+#include <criterion/criterion.h>
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 const char *support_fashion_dir(void)
 {
@@ -67,4 +70,59 @@ double support_max_rel_err(const float *a, const float *b, size_t n, double floo
     if (where)
         *where = at;
     return worst;
+}
+
+char *support_dir;
+
+void support_dir_init(void)
+{
+    support_dir = support_tmpdir();
+    cr_assert(support_dir, "no temporary directory");
+}
+
+void support_dir_fini(void)
+{
+    support_rmrf(support_dir);
+    free(support_dir);
+    support_dir = NULL;
+}
+
+const char *support_path_in(char *buf, const char *name)
+{
+    snprintf(buf, SUPPORT_PATH_LEN, "%s/%s", support_dir, name);
+    return buf;
+}
+
+const char *support_write_in(char *path, const char *name, const void *bytes, size_t len)
+{
+    support_path_in(path, name);
+    cr_assert_eq(support_write_file(path, bytes, len), 0, "cannot write %s", path);
+    return path;
+}
+
+size_t support_put_be32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+    return 4;
+}
+
+unsigned char *support_gzip(const void *bytes, size_t len, size_t *out_len)
+{
+    z_stream zs;
+    memset(&zs, 0, sizeof zs);
+    cr_assert_eq(deflateInit2(&zs, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
+    size_t cap = deflateBound(&zs, (uLong)len) + 64;
+    unsigned char *out = malloc(cap);
+    cr_assert(out);
+    zs.next_in = (Bytef *)(uintptr_t)bytes;
+    zs.avail_in = (uInt)len;
+    zs.next_out = out;
+    zs.avail_out = (uInt)cap;
+    cr_assert_eq(deflate(&zs, Z_FINISH), Z_STREAM_END);
+    *out_len = cap - zs.avail_out;
+    deflateEnd(&zs);
+    return out;
 }

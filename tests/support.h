@@ -3,6 +3,7 @@
 #define CASTOR_TEST_SUPPORT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Directory holding the Fashion-MNIST IDX files (env CASTOR_FASHION_MNIST or
  * the Debian location); NULL if absent. */
@@ -10,6 +11,21 @@ const char *support_fashion_dir(void);
 /* A fresh temporary directory (removed by the caller with support_rmrf). */
 char *support_tmpdir(void);
 void support_rmrf(const char *path);
+/* A temporary directory per test, for suites that write files: give the
+ * suite .init = support_dir_init, .fini = support_dir_fini. */
+extern char *support_dir;
+void support_dir_init(void);
+void support_dir_fini(void);
+/* support_dir/name into buf (SUPPORT_PATH_LEN bytes); returns buf. */
+#define SUPPORT_PATH_LEN 4200
+const char *support_path_in(char *buf, const char *name);
+/* Writes bytes to support_dir/name, its path in path (SUPPORT_PATH_LEN
+ * bytes); fails the test if it cannot. Returns path. */
+const char *support_write_in(char *path, const char *name, const void *bytes, size_t len);
+/* v big-endian into p[0..4); returns 4. */
+size_t support_put_be32(unsigned char *p, uint32_t v);
+/* bytes as one gzip member, in a malloc'd buffer of *out_len bytes. */
+unsigned char *support_gzip(const void *bytes, size_t len, size_t *out_len);
 /* Write bytes to a file; returns 0 on success. */
 int support_write_file(const char *path, const void *bytes, size_t len);
 /* Largest |a-b| / max(|b|, floor), and the index where it is. */

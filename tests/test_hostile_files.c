@@ -19,36 +19,7 @@
 #include "src/safetensors.h"
 #include "support.h"
 
-#define PATH_LEN 4200
-
-static char *dir;
-
-static void setup(void)
-{
-    dir = support_tmpdir();
-    cr_assert(dir, "no temporary directory");
-}
-
-static void teardown(void)
-{
-    support_rmrf(dir);
-    free(dir);
-}
-
-TestSuite(hostile, .init = setup, .fini = teardown);
-
-static const char *path_in(char *buf, const char *name)
-{
-    snprintf(buf, PATH_LEN, "%s/%s", dir, name);
-    return buf;
-}
-
-static const char *write_file(char *path, const char *name, const void *bytes, size_t len)
-{
-    path_in(path, name);
-    cr_assert_eq(support_write_file(path, bytes, len), 0, "cannot write %s", path);
-    return path;
-}
+TestSuite(hostile, .init = support_dir_init, .fini = support_dir_fini);
 
 /* The message is one line of printable text: no byte below 0x20, no DEL. */
 static void assert_printable(const char *msg)
@@ -60,15 +31,6 @@ static void assert_printable(const char *msg)
 
 /* ---- IDX files ------------------------------------------------------------ */
 
-static size_t put_be32(unsigned char *p, uint32_t v)
-{
-    p[0] = (unsigned char)(v >> 24);
-    p[1] = (unsigned char)(v >> 16);
-    p[2] = (unsigned char)(v >> 8);
-    p[3] = (unsigned char)v;
-    return 4;
-}
-
 /* A ubyte IDX file: header for dims, then `data` bytes of a pattern. */
 static size_t build_idx(unsigned char *buf, int rank, const uint32_t *dims, size_t data)
 {
@@ -77,29 +39,10 @@ static size_t build_idx(unsigned char *buf, int rank, const uint32_t *dims, size
     buf[3] = (unsigned char)rank;
     size_t p = 4;
     for (int i = 0; i < rank; i++)
-        p += put_be32(buf + p, dims[i]);
+        p += support_put_be32(buf + p, dims[i]);
     for (size_t i = 0; i < data; i++)
         buf[p++] = (unsigned char)(i % 3);
     return p;
-}
-
-/* A gzip member holding bytes (malloc'd). */
-static unsigned char *gzip_bytes(const void *bytes, size_t len, size_t *out_len)
-{
-    z_stream zs;
-    memset(&zs, 0, sizeof zs);
-    cr_assert_eq(deflateInit2(&zs, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
-    size_t cap = deflateBound(&zs, (uLong)len) + 64;
-    unsigned char *out = malloc(cap);
-    cr_assert(out);
-    zs.next_in = (Bytef *)(uintptr_t)bytes;
-    zs.avail_in = (uInt)len;
-    zs.next_out = out;
-    zs.avail_out = (uInt)cap;
-    cr_assert_eq(deflate(&zs, Z_FINISH), Z_STREAM_END);
-    *out_len = cap - zs.avail_out;
-    deflateEnd(&zs);
-    return out;
 }
 
 /* Three 2x2 images and their labels, plain, under the MNIST names for `prefix`. */
@@ -108,8 +51,8 @@ static void write_images(const char *name)
     unsigned char buf[64];
     uint32_t dims[3] = {3, 2, 2};
     size_t len = build_idx(buf, 3, dims, 12);
-    char path[PATH_LEN];
-    write_file(path, name, buf, len);
+    char path[SUPPORT_PATH_LEN];
+    support_write_in(path, name, buf, len);
 }
 
 static void write_labels(const char *name)
@@ -117,8 +60,8 @@ static void write_labels(const char *name)
     unsigned char buf[64];
     uint32_t dims[1] = {3};
     size_t len = build_idx(buf, 1, dims, 3);
-    char path[PATH_LEN];
-    write_file(path, name, buf, len);
+    char path[SUPPORT_PATH_LEN];
+    support_write_in(path, name, buf, len);
 }
 
 static void expect_idx_error(const char *path, int code, const char *words)
@@ -278,8 +221,8 @@ Test(hostile, model_open_message_is_one_printable_line)
 {
     size_t len;
     unsigned char *b = st_image(hostile_headers[0].header, hostile_headers[0].data_len, &len);
-    char path[PATH_LEN];
-    write_file(path, "escapes.safetensors", b, len);
+    char path[SUPPORT_PATH_LEN];
+    support_write_in(path, "escapes.safetensors", b, len);
     free(b);
     castor_strategy *s = NULL;
     cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu", NULL), CASTOR_OK);
@@ -296,11 +239,11 @@ Test(hostile, model_open_message_is_one_printable_line)
 
 Test(hostile, mnist_dir_entry_that_is_a_directory)
 {
-    char path[PATH_LEN];
-    cr_assert_eq(mkdir(path_in(path, "t10k-images-idx3-ubyte"), 0755), 0);
+    char path[SUPPORT_PATH_LEN];
+    cr_assert_eq(mkdir(support_path_in(path, "t10k-images-idx3-ubyte"), 0755), 0);
     write_labels("t10k-labels-idx1-ubyte");
     castor_dataset *ds = NULL;
-    cr_assert_eq(castor_dataset_load_mnist_dir(&ds, dir, "test"), CASTOR_IO);
+    cr_assert_eq(castor_dataset_load_mnist_dir(&ds, support_dir, "test"), CASTOR_IO);
     const char *msg = castor_dataset_errmsg(ds);
     cr_assert(strstr(msg, "t10k-images-idx3-ubyte") && strstr(msg, "is a directory") &&
                   !strstr(msg, "missing"),
@@ -311,9 +254,9 @@ Test(hostile, mnist_dir_entry_that_is_a_directory)
     /* The labels a directory too, the images there: the labels are named. */
     cr_assert_eq(rmdir(path), 0);
     write_images("t10k-images-idx3-ubyte");
-    cr_assert_eq(unlink(path_in(path, "t10k-labels-idx1-ubyte")), 0);
-    cr_assert_eq(mkdir(path_in(path, "t10k-labels-idx1-ubyte.gz"), 0755), 0);
-    cr_assert_eq(castor_dataset_load_mnist_dir(&ds, dir, "test"), CASTOR_IO);
+    cr_assert_eq(unlink(support_path_in(path, "t10k-labels-idx1-ubyte")), 0);
+    cr_assert_eq(mkdir(support_path_in(path, "t10k-labels-idx1-ubyte.gz"), 0755), 0);
+    cr_assert_eq(castor_dataset_load_mnist_dir(&ds, support_dir, "test"), CASTOR_IO);
     msg = castor_dataset_errmsg(ds);
     cr_assert(strstr(msg, "t10k-labels-idx1-ubyte.gz") && strstr(msg, "is a directory") &&
                   !strstr(msg, "missing"),
@@ -322,7 +265,7 @@ Test(hostile, mnist_dir_entry_that_is_a_directory)
 
     /* A real file beside the directory is used. */
     write_labels("t10k-labels-idx1-ubyte");
-    cr_assert_eq(castor_dataset_load_mnist_dir(&ds, dir, "test"), CASTOR_OK, "%s",
+    cr_assert_eq(castor_dataset_load_mnist_dir(&ds, support_dir, "test"), CASTOR_OK, "%s",
                  castor_dataset_errmsg(ds));
     cr_assert_eq(castor_dataset_size(ds), 3);
     castor_dataset_free(ds);
@@ -334,28 +277,28 @@ Test(hostile, mnist_dir_entry_that_is_a_directory)
  * timeout turns such a hang into a failure. */
 Test(hostile, fifo_instead_of_idx_file, .timeout = 20)
 {
-    char fifo[PATH_LEN], path[PATH_LEN];
-    cr_assert_eq(mkfifo(path_in(fifo, "t10k-images-idx3-ubyte"), 0600), 0);
+    char fifo[SUPPORT_PATH_LEN], path[SUPPORT_PATH_LEN];
+    cr_assert_eq(mkfifo(support_path_in(fifo, "t10k-images-idx3-ubyte"), 0600), 0);
     write_labels("t10k-labels-idx1-ubyte");
     expect_idx_error(fifo, CASTOR_IO, "FIFO");
 
     castor_dataset *ds = NULL;
-    cr_assert_eq(castor_dataset_load_idx(&ds, fifo, path_in(path, "t10k-labels-idx1-ubyte")),
+    cr_assert_eq(castor_dataset_load_idx(&ds, fifo, support_path_in(path, "t10k-labels-idx1-ubyte")),
                  CASTOR_IO);
     const char *msg = castor_dataset_errmsg(ds);
     cr_assert(strstr(msg, fifo) && strstr(msg, "FIFO"), "%s", msg);
     castor_dataset_free(ds);
 
-    cr_assert_eq(castor_dataset_load_mnist_dir(&ds, dir, "test"), CASTOR_IO);
+    cr_assert_eq(castor_dataset_load_mnist_dir(&ds, support_dir, "test"), CASTOR_IO);
     msg = castor_dataset_errmsg(ds);
     cr_assert(strstr(msg, fifo) && strstr(msg, "FIFO"), "%s", msg);
     castor_dataset_free(ds);
 
     /* The labels a FIFO. */
     write_images("images");
-    char lfifo[PATH_LEN];
-    cr_assert_eq(mkfifo(path_in(lfifo, "labels-fifo"), 0600), 0);
-    cr_assert_eq(castor_dataset_load_idx(&ds, path_in(path, "images"), lfifo), CASTOR_IO);
+    char lfifo[SUPPORT_PATH_LEN];
+    cr_assert_eq(mkfifo(support_path_in(lfifo, "labels-fifo"), 0600), 0);
+    cr_assert_eq(castor_dataset_load_idx(&ds, support_path_in(path, "images"), lfifo), CASTOR_IO);
     msg = castor_dataset_errmsg(ds);
     cr_assert(strstr(msg, lfifo) && strstr(msg, "FIFO"), "%s", msg);
     castor_dataset_free(ds);
@@ -363,8 +306,8 @@ Test(hostile, fifo_instead_of_idx_file, .timeout = 20)
 
 Test(hostile, fifo_instead_of_safetensors_file, .timeout = 20)
 {
-    char fifo[PATH_LEN];
-    cr_assert_eq(mkfifo(path_in(fifo, "model.safetensors"), 0600), 0);
+    char fifo[SUPPORT_PATH_LEN];
+    cr_assert_eq(mkfifo(support_path_in(fifo, "model.safetensors"), 0600), 0);
     castor__st_file f;
     char err[512] = "";
     cr_assert_eq(castor__st_read(fifo, &f, err, sizeof err), CASTOR_IO, "%s", err);
@@ -424,9 +367,9 @@ Test(hostile, writer_new_file_follows_umask)
 {
     static const mode_t masks[] = {022, 027, 077, 0, 002};
     for (size_t i = 0; i < sizeof masks / sizeof *masks; i++) {
-        char path[PATH_LEN], name[32], err[512] = "";
+        char path[SUPPORT_PATH_LEN], name[32], err[512] = "";
         snprintf(name, sizeof name, "new-%zu.safetensors", i);
-        path_in(path, name);
+        support_path_in(path, name);
         umask(masks[i]);
         int rc = write_st(path, err, sizeof err);
         umask(022);
@@ -438,8 +381,8 @@ Test(hostile, writer_new_file_follows_umask)
 
 Test(hostile, writer_replacing_keeps_the_old_mode)
 {
-    char path[PATH_LEN], err[512] = "";
-    write_file(path, "old.safetensors", "x", 1);
+    char path[SUPPORT_PATH_LEN], err[512] = "";
+    support_write_in(path, "old.safetensors", "x", 1);
     cr_assert_eq(chmod(path, 0604), 0);
     umask(077);
     int rc = write_st(path, err, sizeof err);
@@ -461,12 +404,12 @@ static const char *write_gz_plus(char *path, const char *name, const void *extra
     uint32_t dims[2] = {10, 10};
     size_t len = build_idx(buf, 2, dims, 100);
     size_t gz_len;
-    unsigned char *gz = gzip_bytes(buf, len, &gz_len);
+    unsigned char *gz = support_gzip(buf, len, &gz_len);
     unsigned char *all = malloc(gz_len + extra_len + 1);
     memcpy(all, gz, gz_len);
     if (extra_len)
         memcpy(all + gz_len, extra, extra_len);
-    write_file(path, name, all, gz_len + extra_len);
+    support_write_in(path, name, all, gz_len + extra_len);
     free(all);
     free(gz);
     return path;
@@ -483,7 +426,7 @@ static void expect_idx_ok(const char *path, size_t count)
 
 Test(hostile, gzip_trailing_garbage_is_refused)
 {
-    char path[PATH_LEN];
+    char path[SUPPORT_PATH_LEN];
     expect_idx_error(write_gz_plus(path, "garbage.gz", "garbage", 7), CASTOR_FORMAT,
                      "after the gzip stream");
     static const unsigned char zeros[512];
@@ -497,10 +440,10 @@ Test(hostile, gzip_trailing_garbage_is_refused)
 
     /* through the public API */
     write_gz_plus(path, "images.gz", "x", 1);
-    char labels[PATH_LEN];
+    char labels[SUPPORT_PATH_LEN];
     unsigned char lb[64];
     uint32_t dims[1] = {10};
-    write_file(labels, "labels", lb, build_idx(lb, 1, dims, 10));
+    support_write_in(labels, "labels", lb, build_idx(lb, 1, dims, 10));
     castor_dataset *ds = NULL;
     cr_assert_eq(castor_dataset_load_idx(&ds, path, labels), CASTOR_FORMAT);
     const char *msg = castor_dataset_errmsg(ds);
@@ -520,24 +463,24 @@ Test(hostile, gzip_members_concatenated)
     uint32_t dims[2] = {10, 10};
     size_t len = build_idx(buf, 2, dims, 100);
     size_t a_len, b_len, e_len;
-    unsigned char *a = gzip_bytes(buf, 50, &a_len);
-    unsigned char *b = gzip_bytes(buf + 50, len - 50, &b_len);
-    unsigned char *e = gzip_bytes("", 0, &e_len);
+    unsigned char *a = support_gzip(buf, 50, &a_len);
+    unsigned char *b = support_gzip(buf + 50, len - 50, &b_len);
+    unsigned char *e = support_gzip("", 0, &e_len);
     unsigned char all[1024];
-    char path[PATH_LEN];
+    char path[SUPPORT_PATH_LEN];
 
     memcpy(all, a, a_len);
     memcpy(all + a_len, b, b_len);
-    expect_idx_ok(write_file(path, "split.gz", all, a_len + b_len), 100);
+    expect_idx_ok(support_write_in(path, "split.gz", all, a_len + b_len), 100);
     memcpy(all + a_len + b_len, e, e_len);
-    expect_idx_ok(write_file(path, "split-empty.gz", all, a_len + b_len + e_len), 100);
+    expect_idx_ok(support_write_in(path, "split-empty.gz", all, a_len + b_len + e_len), 100);
     /* then garbage after the members */
     memcpy(all + a_len + b_len + e_len, "??", 2);
-    expect_idx_error(write_file(path, "split-garbage.gz", all, a_len + b_len + e_len + 2),
+    expect_idx_error(support_write_in(path, "split-garbage.gz", all, a_len + b_len + e_len + 2),
                      CASTOR_FORMAT, "after the gzip stream");
     /* a member with more data */
     memcpy(all + a_len + b_len, a, a_len);
-    expect_idx_error(write_file(path, "more.gz", all, a_len + b_len + a_len), CASTOR_FORMAT,
+    expect_idx_error(support_write_in(path, "more.gz", all, a_len + b_len + a_len), CASTOR_FORMAT,
                      "trailing bytes after the data");
     free(a);
     free(b);

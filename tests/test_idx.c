@@ -17,35 +17,10 @@
 #include "src/util.h"
 #include "support.h"
 
-#define PATH_LEN 4200
-
-static char *dir;
-
-static void setup(void)
-{
-    dir = support_tmpdir();
-    cr_assert(dir, "no temporary directory");
-}
-
-static void teardown(void)
-{
-    support_rmrf(dir);
-    free(dir);
-}
-
-TestSuite(idx, .init = setup, .fini = teardown);
-TestSuite(dataset, .init = setup, .fini = teardown);
+TestSuite(idx, .init = support_dir_init, .fini = support_dir_fini);
+TestSuite(dataset, .init = support_dir_init, .fini = support_dir_fini);
 
 /* ---- building files ------------------------------------------------------ */
-
-static size_t put_be32(unsigned char *p, uint32_t v)
-{
-    p[0] = (unsigned char)(v >> 24);
-    p[1] = (unsigned char)(v >> 16);
-    p[2] = (unsigned char)(v >> 8);
-    p[3] = (unsigned char)v;
-    return 4;
-}
 
 /* An IDX header of `type` and dims, then payload_len bytes of payload. */
 static size_t build_typed(unsigned char *buf, int type, int rank, const uint32_t *dims,
@@ -57,7 +32,7 @@ static size_t build_typed(unsigned char *buf, int type, int rank, const uint32_t
     buf[3] = (unsigned char)rank;
     size_t p = 4;
     for (int i = 0; i < rank; i++)
-        p += put_be32(buf + p, dims[i]);
+        p += support_put_be32(buf + p, dims[i]);
     if (payload_len)
         memcpy(buf + p, payload, payload_len);
     return p + payload_len;
@@ -72,42 +47,11 @@ static size_t build(unsigned char *buf, int rank, const uint32_t *dims, size_t d
     return p;
 }
 
-static const char *path_in(char *buf, const char *name)
-{
-    snprintf(buf, PATH_LEN, "%s/%s", dir, name);
-    return buf;
-}
-
-static const char *write_file(char *path, const char *name, const void *bytes, size_t len)
-{
-    path_in(path, name);
-    cr_assert_eq(support_write_file(path, bytes, len), 0, "cannot write %s", path);
-    return path;
-}
-
-/* bytes gzip-compressed into a malloc'd buffer. */
-static unsigned char *gzip_bytes(const void *bytes, size_t len, size_t *out_len)
-{
-    z_stream zs;
-    memset(&zs, 0, sizeof zs);
-    cr_assert_eq(deflateInit2(&zs, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
-    size_t cap = deflateBound(&zs, (uLong)len) + 64;
-    unsigned char *out = malloc(cap);
-    zs.next_in = (Bytef *)(uintptr_t)bytes;
-    zs.avail_in = (uInt)len;
-    zs.next_out = out;
-    zs.avail_out = (uInt)cap;
-    cr_assert_eq(deflate(&zs, Z_FINISH), Z_STREAM_END);
-    *out_len = cap - zs.avail_out;
-    deflateEnd(&zs);
-    return out;
-}
-
 static const char *write_gz(char *path, const char *name, const void *bytes, size_t len)
 {
     size_t gz_len;
-    unsigned char *gz = gzip_bytes(bytes, len, &gz_len);
-    write_file(path, name, gz, gz_len);
+    unsigned char *gz = support_gzip(bytes, len, &gz_len);
+    support_write_in(path, name, gz, gz_len);
     free(gz);
     return path;
 }
@@ -184,8 +128,8 @@ Test(idx, good_plain_and_gzip)
     unsigned char buf[256];
     uint32_t dims[3] = {3, 4, 5};
     size_t len = build(buf, 3, dims, 60);
-    char plain[PATH_LEN], gz[PATH_LEN];
-    const char *paths[2] = {write_file(plain, "good", buf, len),
+    char plain[SUPPORT_PATH_LEN], gz[SUPPORT_PATH_LEN];
+    const char *paths[2] = {support_write_in(plain, "good", buf, len),
                             write_gz(gz, "good.gz", buf, len)};
     for (int k = 0; k < 2; k++) {
         castor__idx idx;
@@ -225,7 +169,7 @@ Test(idx, every_element_type_decodes_big_endian)
         unsigned char buf[64];
         uint32_t dims[1] = {2};
         size_t len = build_typed(buf, cases[k].type, 1, dims, cases[k].payload, cases[k].len);
-        char name[32], path[PATH_LEN];
+        char name[32], path[SUPPORT_PATH_LEN];
         snprintf(name, sizeof name, "type%02x.gz", cases[k].type);
         write_gz(path, name, buf, len);
         castor__idx from_file, from_memory;
@@ -265,14 +209,14 @@ Test(idx, truncated)
     unsigned char buf[256];
     uint32_t dims[2] = {10, 10};
     size_t len = build(buf, 2, dims, 100);
-    char path[PATH_LEN];
-    expect_error(write_file(path, "trunc", buf, len - 1), CASTOR_FORMAT,
+    char path[SUPPORT_PATH_LEN];
+    expect_error(support_write_in(path, "trunc", buf, len - 1), CASTOR_FORMAT,
                  "truncated: header says 100 bytes of data, file has 99");
     expect_error(write_gz(path, "trunc.gz", buf, len - 30), CASTOR_FORMAT,
                  "truncated: header says 100 bytes of data, file has 70");
-    expect_error(write_file(path, "short-header", buf, 9), CASTOR_FORMAT, "truncated");
+    expect_error(support_write_in(path, "short-header", buf, 9), CASTOR_FORMAT, "truncated");
     expect_error(write_gz(path, "short-header.gz", buf, 9), CASTOR_FORMAT, "truncated");
-    expect_error(write_file(path, "three-bytes", buf, 3), CASTOR_FORMAT, "truncated");
+    expect_error(support_write_in(path, "three-bytes", buf, 3), CASTOR_FORMAT, "truncated");
     expect_parse_error(buf, len - 1, 0, "truncated: header says 100 bytes of data, file has 99");
     expect_parse_error(buf, 11, 0, "truncated");
     expect_parse_error(buf, 2, 0, "truncated");
@@ -284,12 +228,12 @@ Test(idx, gzip_stream_cut_off)
     uint32_t dims[2] = {40, 100};
     size_t len = build(buf, 2, dims, 4000);
     size_t gz_len;
-    unsigned char *gz = gzip_bytes(buf, len, &gz_len);
-    char path[PATH_LEN];
+    unsigned char *gz = support_gzip(buf, len, &gz_len);
+    char path[SUPPORT_PATH_LEN];
     /* Cut in the middle of the compressed data. */
-    expect_error(write_file(path, "cut.gz", gz, gz_len / 2), CASTOR_FORMAT, "truncated");
+    expect_error(support_write_in(path, "cut.gz", gz, gz_len / 2), CASTOR_FORMAT, "truncated");
     /* Cut in the 8-byte trailer: every data byte arrives, the checksum does not. */
-    expect_error(write_file(path, "no-crc.gz", gz, gz_len - 4), CASTOR_FORMAT, "truncated");
+    expect_error(support_write_in(path, "no-crc.gz", gz, gz_len - 4), CASTOR_FORMAT, "truncated");
     free(gz);
 }
 
@@ -299,10 +243,10 @@ Test(idx, corrupt_gzip)
     uint32_t dims[2] = {10, 10};
     size_t len = build(buf, 2, dims, 100);
     size_t gz_len;
-    unsigned char *gz = gzip_bytes(buf, len, &gz_len);
+    unsigned char *gz = support_gzip(buf, len, &gz_len);
     gz[gz_len - 6] ^= 0x01; /* inside the CRC-32 */
-    char path[PATH_LEN];
-    expect_error(write_file(path, "crc.gz", gz, gz_len), CASTOR_FORMAT, "gzip");
+    char path[SUPPORT_PATH_LEN];
+    expect_error(support_write_in(path, "crc.gz", gz, gz_len), CASTOR_FORMAT, "gzip");
     free(gz);
 }
 
@@ -311,8 +255,8 @@ Test(idx, trailing_bytes)
     unsigned char buf[256];
     uint32_t dims[2] = {10, 10};
     size_t len = build(buf, 2, dims, 101);
-    char path[PATH_LEN];
-    expect_error(write_file(path, "trailing", buf, len), CASTOR_FORMAT,
+    char path[SUPPORT_PATH_LEN];
+    expect_error(support_write_in(path, "trailing", buf, len), CASTOR_FORMAT,
                  "trailing bytes after the data: header says 100 bytes of data, file has 101");
     expect_error(write_gz(path, "trailing.gz", buf, len), CASTOR_FORMAT, "trailing");
     expect_parse_error(buf, len, 0, "trailing");
@@ -327,7 +271,7 @@ Test(idx, gzip_bomb_is_not_read_whole)
     unsigned char *buf = calloc(1, big + 16);
     uint32_t dims[1] = {4};
     size_t len = build(buf, 1, dims, 4);
-    char path[PATH_LEN];
+    char path[SUPPORT_PATH_LEN];
     write_gz(path, "bomb.gz", buf, len + big);
     free(buf);
     double start = castor__now();
@@ -343,55 +287,55 @@ Test(idx, wrong_magic_type_rank)
     unsigned char buf[256];
     uint32_t dims[2] = {2, 2};
     size_t len = build(buf, 2, dims, 4);
-    char path[PATH_LEN];
+    char path[SUPPORT_PATH_LEN];
     buf[1] = 1;
-    expect_error(write_file(path, "magic", buf, len), CASTOR_FORMAT, "magic");
+    expect_error(support_write_in(path, "magic", buf, len), CASTOR_FORMAT, "magic");
     buf[1] = 0;
     buf[0] = 0x1f;
     expect_error(write_gz(path, "magic.gz", buf, len), CASTOR_FORMAT, "magic");
     buf[0] = 0;
     buf[2] = 0x07;
-    expect_error(write_file(path, "type", buf, len), CASTOR_FORMAT, "type");
+    expect_error(support_write_in(path, "type", buf, len), CASTOR_FORMAT, "type");
     buf[2] = 0x0A;
-    expect_error(write_file(path, "type0a", buf, len), CASTOR_FORMAT, "type");
+    expect_error(support_write_in(path, "type0a", buf, len), CASTOR_FORMAT, "type");
     buf[2] = 0x08;
     buf[3] = 0;
-    expect_error(write_file(path, "rank0", buf, len), CASTOR_FORMAT, "rank 0");
+    expect_error(support_write_in(path, "rank0", buf, len), CASTOR_FORMAT, "rank 0");
     buf[3] = 5;
-    expect_error(write_file(path, "rank5", buf, len), CASTOR_FORMAT, "rank 5");
+    expect_error(support_write_in(path, "rank5", buf, len), CASTOR_FORMAT, "rank 5");
     buf[3] = 255;
-    expect_error(write_file(path, "rank255", buf, len), CASTOR_FORMAT, "rank 255");
+    expect_error(support_write_in(path, "rank255", buf, len), CASTOR_FORMAT, "rank 255");
 }
 
 Test(idx, zero_and_oversized_dimensions)
 {
     unsigned char buf[64];
-    char path[PATH_LEN];
+    char path[SUPPORT_PATH_LEN];
     uint32_t zero[2] = {3, 0};
     size_t len = build(buf, 2, zero, 0);
-    expect_error(write_file(path, "zero", buf, len), CASTOR_FORMAT, "zero");
+    expect_error(support_write_in(path, "zero", buf, len), CASTOR_FORMAT, "zero");
     uint32_t zero_first[3] = {0, 5, 5};
     len = build(buf, 3, zero_first, 0);
-    expect_error(write_file(path, "zero-first", buf, len), CASTOR_FORMAT, "zero");
+    expect_error(support_write_in(path, "zero-first", buf, len), CASTOR_FORMAT, "zero");
 
     limit_address_space((size_t)512 << 20);
     /* 2^128 elements: must fail on the header alone. */
     uint32_t huge[4] = {0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu};
     len = build(buf, 4, huge, 8);
-    expect_error(write_file(path, "huge", buf, len), CASTOR_FORMAT, "too large");
+    expect_error(support_write_in(path, "huge", buf, len), CASTOR_FORMAT, "too large");
     expect_error(write_gz(path, "huge.gz", buf, len), CASTOR_FORMAT, "too large");
     expect_parse_error(buf, len, 0, "too large");
     expect_parse_error(buf, len, SIZE_MAX, "too large");
     /* One element over the default cap of 2^31. */
     uint32_t over[2] = {0x80000000u, 2};
     len = build(buf, 2, over, 8);
-    expect_error(write_file(path, "over-cap", buf, len), CASTOR_FORMAT, "too large");
+    expect_error(support_write_in(path, "over-cap", buf, len), CASTOR_FORMAT, "too large");
     /* Exactly the cap (8 GiB of floats if believed), with 16 bytes behind
      * it: plain and gzip, the reader must find out without allocating for
      * the claim, which the address-space limit would refuse. */
     uint32_t at_cap[2] = {0x8000u, 0x10000u};
     len = build(buf, 2, at_cap, 16);
-    expect_error(write_file(path, "lying", buf, len), CASTOR_FORMAT,
+    expect_error(support_write_in(path, "lying", buf, len), CASTOR_FORMAT,
                  "truncated: header says 2147483648 bytes of data, file has 16");
     expect_error(write_gz(path, "lying.gz", buf, len), CASTOR_FORMAT,
                  "truncated: header says 2147483648 bytes of data, file has 16");
@@ -405,14 +349,14 @@ Test(idx, zero_and_oversized_dimensions)
 
 Test(idx, empty_missing_directory_unreadable)
 {
-    char path[PATH_LEN];
-    expect_error(write_file(path, "empty", "", 0), CASTOR_FORMAT, "empty");
+    char path[SUPPORT_PATH_LEN];
+    expect_error(support_write_in(path, "empty", "", 0), CASTOR_FORMAT, "empty");
     expect_error(write_gz(path, "empty.gz", "", 0), CASTOR_FORMAT, "empty");
     expect_parse_error((const unsigned char *)"", 0, 0, "empty");
-    expect_error(dir, CASTOR_IO, "directory");
-    expect_error(path_in(path, "nope"), CASTOR_IO, "No such file");
+    expect_error(support_dir, CASTOR_IO, "directory");
+    expect_error(support_path_in(path, "nope"), CASTOR_IO, "No such file");
     /* A path through a regular file. */
-    write_file(path, "plain-file", "x", 1);
+    support_write_in(path, "plain-file", "x", 1);
     strcat(path, "/child");
     expect_error(path, CASTOR_IO, "Not a directory");
     /* Permissions do not stop root, so this part only runs for other users. */
@@ -420,7 +364,7 @@ Test(idx, empty_missing_directory_unreadable)
         unsigned char buf[64];
         uint32_t dims[1] = {4};
         size_t len = build(buf, 1, dims, 4);
-        write_file(path, "locked", buf, len);
+        support_write_in(path, "locked", buf, len);
         cr_assert_eq(chmod(path, 0), 0);
         expect_error(path, CASTOR_IO, "Permission denied");
     }
@@ -435,9 +379,9 @@ Test(idx, small_error_buffer_is_safe)
     castor__idx idx;
     char err[8];
     memset(err, 'z', sizeof err);
-    cr_assert_eq(castor__idx_read(dir, 0, &idx, err, sizeof err), CASTOR_IO);
+    cr_assert_eq(castor__idx_read(support_dir, 0, &idx, err, sizeof err), CASTOR_IO);
     cr_assert_eq(err[sizeof err - 1], '\0');
-    cr_assert_eq(castor__idx_read(dir, 0, &idx, NULL, 0), CASTOR_IO);
+    cr_assert_eq(castor__idx_read(support_dir, 0, &idx, NULL, 0), CASTOR_IO);
 }
 
 /* ---- the dataset from IDX files ------------------------------------------- */
@@ -448,7 +392,7 @@ static const char *write_labels(char *path, const char *name, int type, const vo
     unsigned char buf[256];
     uint32_t dims[1] = {count};
     size_t len = build_typed(buf, type, 1, dims, payload, payload_len);
-    return write_file(path, name, buf, len);
+    return support_write_in(path, name, buf, len);
 }
 
 Test(dataset, load_idx_scales_pixels_and_counts_classes)
@@ -457,7 +401,7 @@ Test(dataset, load_idx_scales_pixels_and_counts_classes)
     uint32_t idims[3] = {4, 2, 2};
     size_t ilen = build(img, 3, idims, 16);
     img[ilen - 1] = 255;
-    char ip[PATH_LEN], lp[PATH_LEN];
+    char ip[SUPPORT_PATH_LEN], lp[SUPPORT_PATH_LEN];
     write_gz(ip, "img.gz", img, ilen);
     unsigned char labels[4] = {3, 0, 6, 1};
     write_labels(lp, "lab", 0x08, labels, 4, 4);
@@ -484,8 +428,8 @@ Test(dataset, load_idx_keeps_other_types_unscaled)
     uint32_t idims[2] = {2, 2};
     const unsigned char f32[16] = {0x3F, 0xC0, 0, 0, 0xC2, 0x28, 0, 0, 0, 0, 0, 0, 0x40, 0, 0, 0};
     size_t ilen = build_typed(img, 0x0D, 2, idims, f32, sizeof f32);
-    char ip[PATH_LEN], lp[PATH_LEN];
-    write_file(ip, "img-f32", img, ilen);
+    char ip[SUPPORT_PATH_LEN], lp[SUPPORT_PATH_LEN];
+    support_write_in(ip, "img-f32", img, ilen);
     /* Labels as int32 are fine too. */
     const unsigned char lab32[8] = {0, 0, 0, 1, 0, 0, 0, 9};
     write_labels(lp, "lab-i32", 0x0C, lab32, 2, sizeof lab32);
@@ -523,8 +467,8 @@ Test(dataset, load_idx_rejects_bad_labels_and_images)
     unsigned char img[256];
     uint32_t idims[3] = {4, 2, 2};
     size_t ilen = build(img, 3, idims, 16);
-    char ip[PATH_LEN], lp[PATH_LEN];
-    write_file(ip, "img", img, ilen);
+    char ip[SUPPORT_PATH_LEN], lp[SUPPORT_PATH_LEN];
+    support_write_in(ip, "img", img, ilen);
     const unsigned char four[4] = {1, 2, 3, 4};
 
     write_labels(lp, "three", 0x08, four, 3, 3);
@@ -535,7 +479,7 @@ Test(dataset, load_idx_rejects_bad_labels_and_images)
 
     unsigned char lab2[64];
     uint32_t ldims[2] = {2, 2};
-    write_file(lp, "rank2", lab2, build_typed(lab2, 0x08, 2, ldims, four, 4));
+    support_write_in(lp, "rank2", lab2, build_typed(lab2, 0x08, 2, ldims, four, 4));
     expect_load_error(ip, lp, CASTOR_FORMAT, lp, "1 dimension");
 
     write_labels(lp, "negative", 0x09, (const unsigned char[4]){1, 0xFF, 2, 3}, 4, 4);
@@ -554,8 +498,8 @@ Test(dataset, load_idx_rejects_bad_labels_and_images)
     write_labels(lp, "good", 0x08, four, 4, 4);
     unsigned char img1[64];
     uint32_t one_dim[1] = {4};
-    char ip1[PATH_LEN];
-    write_file(ip1, "img-rank1", img1, build(img1, 1, one_dim, 4));
+    char ip1[SUPPORT_PATH_LEN];
+    support_write_in(ip1, "img-rank1", img1, build(img1, 1, one_dim, 4));
     expect_load_error(ip1, lp, CASTOR_FORMAT, ip1, "2 dimensions");
 
     /* A NaN pixel in a float file. */
@@ -564,18 +508,18 @@ Test(dataset, load_idx_rejects_bad_labels_and_images)
     f32[8] = 0x7F;
     f32[9] = 0xC0;
     uint32_t fdims[2] = {4, 1};
-    char ipf[PATH_LEN];
-    write_file(ipf, "img-nan", imgf, build_typed(imgf, 0x0D, 2, fdims, f32, sizeof f32));
+    char ipf[SUPPORT_PATH_LEN];
+    support_write_in(ipf, "img-nan", imgf, build_typed(imgf, 0x0D, 2, fdims, f32, sizeof f32));
     expect_load_error(ipf, lp, CASTOR_FORMAT, ipf, "sample 2");
 
     /* The reader's own errors come through with the right file named. */
-    char missing[PATH_LEN];
-    path_in(missing, "missing-labels");
+    char missing[SUPPORT_PATH_LEN];
+    support_path_in(missing, "missing-labels");
     expect_load_error(ip, missing, CASTOR_IO, missing, "No such file");
-    path_in(missing, "missing-images");
+    support_path_in(missing, "missing-images");
     expect_load_error(missing, lp, CASTOR_IO, missing, "No such file");
-    char trunc[PATH_LEN];
-    write_file(trunc, "trunc-img", img, ilen - 1);
+    char trunc[SUPPORT_PATH_LEN];
+    support_write_in(trunc, "trunc-img", img, ilen - 1);
     expect_load_error(trunc, lp, CASTOR_FORMAT, trunc, "truncated");
 
     castor_dataset *ds = NULL;
@@ -585,7 +529,7 @@ Test(dataset, load_idx_rejects_bad_labels_and_images)
     cr_assert_eq(castor_dataset_load_idx(NULL, ip, lp), CASTOR_MISUSE);
 }
 
-/* A 2-image (or 3-image) MNIST-style pair named for `prefix` in dir. */
+/* A 2-image (or 3-image) MNIST-style pair named for `prefix` in support_dir. */
 static void write_mnist_pair(const char *prefix, uint32_t n, int gz)
 {
     unsigned char img[256], lab[64];
@@ -593,50 +537,50 @@ static void write_mnist_pair(const char *prefix, uint32_t n, int gz)
     size_t ilen = build(img, 3, idims, 4 * n), llen = build(lab, 1, ldims, n);
     for (uint32_t i = 0; i < n; i++)
         lab[llen - n + i] = (unsigned char)i;
-    char name[64], path[PATH_LEN];
+    char name[64], path[SUPPORT_PATH_LEN];
     snprintf(name, sizeof name, "%s-images-idx3-ubyte%s", prefix, gz ? ".gz" : "");
-    gz ? write_gz(path, name, img, ilen) : write_file(path, name, img, ilen);
+    gz ? write_gz(path, name, img, ilen) : support_write_in(path, name, img, ilen);
     snprintf(name, sizeof name, "%s-labels-idx1-ubyte%s", prefix, gz ? ".gz" : "");
-    gz ? write_gz(path, name, lab, llen) : write_file(path, name, lab, llen);
+    gz ? write_gz(path, name, lab, llen) : support_write_in(path, name, lab, llen);
 }
 
 Test(dataset, mnist_dir_finds_plain_or_gzip)
 {
     castor_dataset *ds = NULL;
     /* Nothing there yet: both names in the message, with the directory. */
-    cr_assert_eq(castor_dataset_load_mnist_dir(&ds, dir, "train"), CASTOR_IO);
+    cr_assert_eq(castor_dataset_load_mnist_dir(&ds, support_dir, "train"), CASTOR_IO);
     const char *msg = castor_dataset_errmsg(ds);
-    cr_assert(strstr(msg, dir) && strstr(msg, "train-images-idx3-ubyte") &&
+    cr_assert(strstr(msg, support_dir) && strstr(msg, "train-images-idx3-ubyte") &&
                   strstr(msg, "train-labels-idx1-ubyte"),
               "%s", msg);
     castor_dataset_free(ds);
 
     write_mnist_pair("t10k", 3, 1);
-    cr_assert_eq(castor_dataset_load_mnist_dir(&ds, dir, "test"), CASTOR_OK, "%s",
+    cr_assert_eq(castor_dataset_load_mnist_dir(&ds, support_dir, "test"), CASTOR_OK, "%s",
                  castor_dataset_errmsg(ds));
     cr_assert_eq(castor_dataset_size(ds), 3);
     castor_dataset_free(ds);
     /* With both present the plain file wins. */
     write_mnist_pair("t10k", 2, 0);
-    cr_assert_eq(castor_dataset_load_mnist_dir(&ds, dir, "test"), CASTOR_OK, "%s",
+    cr_assert_eq(castor_dataset_load_mnist_dir(&ds, support_dir, "test"), CASTOR_OK, "%s",
                  castor_dataset_errmsg(ds));
     cr_assert_eq(castor_dataset_size(ds), 2);
     castor_dataset_free(ds);
 
     /* Only the labels missing: only they are named. */
-    char path[PATH_LEN];
-    write_file(path, "train-images-idx3-ubyte", "", 0);
-    cr_assert_eq(castor_dataset_load_mnist_dir(&ds, dir, "train"), CASTOR_IO);
+    char path[SUPPORT_PATH_LEN];
+    support_write_in(path, "train-images-idx3-ubyte", "", 0);
+    cr_assert_eq(castor_dataset_load_mnist_dir(&ds, support_dir, "train"), CASTOR_IO);
     msg = castor_dataset_errmsg(ds);
     cr_assert(strstr(msg, "train-labels-idx1-ubyte") && !strstr(msg, "train-images"), "%s", msg);
     castor_dataset_free(ds);
 
-    cr_assert_eq(castor_dataset_load_mnist_dir(&ds, dir, "validation"), CASTOR_INVALID);
+    cr_assert_eq(castor_dataset_load_mnist_dir(&ds, support_dir, "validation"), CASTOR_INVALID);
     cr_assert(strstr(castor_dataset_errmsg(ds), "validation"), "%s", castor_dataset_errmsg(ds));
     castor_dataset_free(ds);
     cr_assert_eq(castor_dataset_load_mnist_dir(&ds, NULL, "train"), CASTOR_MISUSE);
     castor_dataset_free(ds);
-    cr_assert_eq(castor_dataset_load_mnist_dir(NULL, dir, "train"), CASTOR_MISUSE);
+    cr_assert_eq(castor_dataset_load_mnist_dir(NULL, support_dir, "train"), CASTOR_MISUSE);
 }
 
 Test(dataset, fashion_mnist)
@@ -794,7 +738,7 @@ Test(dataset, split_tail)
     castor_dataset_free(ds);
 
     /* A handle that failed to load has nothing to split. */
-    cr_assert_eq(castor_dataset_load_mnist_dir(&ds, dir, "train"), CASTOR_IO);
+    cr_assert_eq(castor_dataset_load_mnist_dir(&ds, support_dir, "train"), CASTOR_IO);
     cr_assert_eq(castor_dataset_split_tail(ds, 1, &tail), CASTOR_INVALID);
     castor_dataset_free(ds);
 }
