@@ -101,12 +101,14 @@ NVCC_DEPFLAGS = -MMD -MP -MF $(@:.o=.d)
 # The nvcc flags (the arch list among them) the .cu objects were built with;
 # rewritten only when they differ, so that a new CUDA_ARCHS (or NVCCFLAGS)
 # rebuilds the .cu objects and an unchanged one rebuilds nothing.
+# Written while the Makefile is read, not by a rule: a rule would need a
+# phony prerequisite, and `make -q`/`make -n` would then always call the .cu
+# objects out of date.
 CUDA_FLAGS_STAMP = $(BUILD)/cuda-flags
-$(CUDA_FLAGS_STAMP): cuda-flags-force
-	@mkdir -p $(@D)
-	@printf '%s\n' '$(NVCC) $(NVCCFLAGS)' | cmp -s - $@ || \
-	    printf '%s\n' '$(NVCC) $(NVCCFLAGS)' > $@
-.PHONY: cuda-flags-force
+ifneq ($(NVCC),)
+  $(shell mkdir -p $(BUILD) && { printf '%s\n' '$(NVCC) $(NVCCFLAGS)' | cmp -s - $(CUDA_FLAGS_STAMP) || \
+      printf '%s\n' '$(NVCC) $(NVCCFLAGS)' > $(CUDA_FLAGS_STAMP); })
+endif
 
 $(BUILD)/obj/%.cu.o: %.cu $(CUDA_FLAGS_STAMP)
 	@mkdir -p $(@D)
