@@ -215,7 +215,7 @@ static int choose_reduction(castor_model *m)
         return REDUCE_SHARED;
 #ifdef CASTOR_HAVE_CUDA
     if (distinct) {
-        int ordinals[64];
+        int ordinals[CASTOR__MAX_REPLICAS];
         for (int i = 0; i < rt->n; i++)
             ordinals[i] = s->devs[i]->ordinal;
         rt->nccl_comms = calloc((size_t)rt->n, sizeof *rt->nccl_comms);

@@ -16,7 +16,6 @@
 #endif
 #include "util.h"
 
-#define MAX_REPLICAS 64
 #define DEFAULT_CPU_BUDGET ((size_t)1 << 30)
 
 void castor__log(const castor_strategy *s, castor_log_level level, const char *fmt, ...)
@@ -70,11 +69,11 @@ static int parse_entry(castor_strategy *s, const char *tok, device_entry *e)
     if (strcmp(tok, "cpu") == 0)
         return CASTOR_OK;
     if (strncmp(tok, "cpu:", 4) == 0) {
-        long n = parse_count(tok + 4, 1, MAX_REPLICAS);
+        long n = parse_count(tok + 4, 1, CASTOR__MAX_REPLICAS);
         if (n < 0)
             return strategy_fail(s, CASTOR_INVALID,
                                  "bad device '%s': the count after cpu: must be 1..%d", tok,
-                                 MAX_REPLICAS);
+                                 CASTOR__MAX_REPLICAS);
         e->replicas = (int)n;
         return CASTOR_OK;
     }
@@ -89,11 +88,11 @@ static int parse_entry(castor_strategy *s, const char *tok, device_entry *e)
         char *x = strchr(buf, 'x');
         if (x) {
             *x = '\0';
-            long k = parse_count(x + 1, 1, MAX_REPLICAS);
+            long k = parse_count(x + 1, 1, CASTOR__MAX_REPLICAS);
             if (k < 0)
                 return strategy_fail(s, CASTOR_INVALID,
                                      "bad device '%s': the replica count after x must be 1..%d",
-                                     tok, MAX_REPLICAS);
+                                     tok, CASTOR__MAX_REPLICAS);
             e->replicas = (int)k;
         }
         long ord = parse_count(buf, 0, 1023);
@@ -107,9 +106,9 @@ static int parse_entry(castor_strategy *s, const char *tok, device_entry *e)
 
 static int add_device(castor_strategy *s, cdev *dev)
 {
-    if (s->n_replicas >= MAX_REPLICAS) {
+    if (s->n_replicas >= CASTOR__MAX_REPLICAS) {
         cdev_destroy(dev);
-        return strategy_fail(s, CASTOR_INVALID, "too many replicas: at most %d", MAX_REPLICAS);
+        return strategy_fail(s, CASTOR_INVALID, "too many replicas: at most %d", CASTOR__MAX_REPLICAS);
     }
     s->devs[s->n_replicas++] = dev;
     return CASTOR_OK;
@@ -169,18 +168,18 @@ static int open_devices(castor_strategy *s, const char *spec)
     if (strlen(spec) >= sizeof buf)
         return strategy_fail(s, CASTOR_INVALID, "device list too long");
     snprintf(buf, sizeof buf, "%s", spec);
-    s->devs = calloc(MAX_REPLICAS, sizeof *s->devs);
+    s->devs = calloc(CASTOR__MAX_REPLICAS, sizeof *s->devs);
     if (!s->devs)
         return strategy_fail(s, CASTOR_NOMEM, "out of memory");
     /* Parse the whole list before opening anything, so that a bad entry
      * late in the list costs no GPU context. */
-    device_entry entries[MAX_REPLICAS];
+    device_entry entries[CASTOR__MAX_REPLICAS];
     int n_entries = 0;
     char *save = NULL;
     for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (n_entries == MAX_REPLICAS)
+        if (n_entries == CASTOR__MAX_REPLICAS)
             return strategy_fail(s, CASTOR_INVALID, "too many replicas: at most %d",
-                                 MAX_REPLICAS);
+                                 CASTOR__MAX_REPLICAS);
         device_entry *e = &entries[n_entries];
         int rc = parse_entry(s, tok, e);
         if (rc)
@@ -443,7 +442,7 @@ void castor__sum_stats(castor_model *m, castor__batch_stats *stats)
 void castor__reduce_grads(castor_model *m)
 {
     castor__runtime *rt = m->rt;
-    const float *srcs[MAX_REPLICAS];
+    const float *srcs[CASTOR__MAX_REPLICAS];
     int k = 0;
     for (int i = 0; i < rt->n; i++)
         if (rt->reps[i].rows)
