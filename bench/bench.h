@@ -2,7 +2,8 @@
  * castor bench: central storage against mirrored, judged against the limits
  * of the machine it runs on.
  *
- *   bench.c   flags, the grid of runs, one run through the public API
+ *   bench.c   the grid of runs, one run through the public API
+ *   flags.c   the flags, their defaults and the help text
  *   limits.c  the limits, measured in the same process: copy bandwidth over
  *             the device interface, host memory bandwidth (a triad on the
  *             host pool), the GEMM rate at the model's shapes; and each
@@ -107,6 +108,11 @@ typedef struct bench_result {
     double t_transfer, t_compute, t_host, lower_bound, ratio;
     const char *bound_by;               /* "transfer", "compute" or "host" */
 } bench_result;
+
+/* ---- flags.c ---- */
+/* argv into c: 0 to run, 1 after printing the help, -1 after printing why a
+ * flag is wrong. */
+int bench_parse_args(int argc, char **argv, bench_config *c);
 
 /* ---- bench.c ---- */
 /* Progress on stderr: redrawn on a terminal, plain lines otherwise. */

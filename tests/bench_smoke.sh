@@ -62,6 +62,18 @@ else
     bad "bench --widths 0: want status 2, one 'castor: ' line, nothing written; got $rc" "$(cat "$T/err")"
 fi
 
+# A list longer than the parser's buffer is refused, not cut short: cut at
+# 255 characters, the 'bogus' at its end went unseen.
+long=$(printf 'central,%.0s' {1..32})bogus
+"$BIN" bench --strategies "$long" --widths 0 --out "$T/never" >"$T/out" 2>"$T/err"
+rc=$?
+if [[ $rc -eq 2 ]] && grep -q -- '--strategies' "$T/err" && [[ ! -e "$T/never" ]]; then
+    ok "bench --strategies (${#long} characters) -> 2: $(head -c 100 "$T/err")"
+else
+    bad "bench --strategies (${#long} characters): want status 2 naming --strategies; got $rc" \
+        "$(cat "$T/err")"
+fi
+
 # ---- a quick run ----
 OUT="$T/out dir"  # a space in the path, for the gnuplot script's quoting
 start=$(date +%s%N)
