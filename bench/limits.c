@@ -40,8 +40,8 @@
 #include "host/pinned.h"
 #include "host/pool.h"
 #include "src/cli/args.h"
+#include "src/device_list.h"
 
-#define MAX_DEVS 64
 /* Emulated CPU devices opened for the measurements: the budget is only
  * bookkeeping there, so give them room for the largest GEMM. */
 #define CPU_LIMIT_BUDGET ((size_t)16 << 30)
@@ -138,7 +138,7 @@ static int rows_per_replica(int batch, int replicas)
 /* ---- devices ------------------------------------------------------------- */
 
 typedef struct devset {
-    cdev *dev[MAX_DEVS];
+    cdev *dev[CASTOR__MAX_REPLICAS];
     int n;
     int cuda;  /* how many of them are GPUs */
 } devset;
@@ -152,7 +152,7 @@ static void devset_close(devset *ds)
 
 static int devset_add(devset *ds, cdev *dev)
 {
-    if (ds->n >= MAX_DEVS) {
+    if (ds->n >= CASTOR__MAX_REPLICAS) {
         cdev_destroy(dev);
         return -1;
     }
@@ -160,21 +160,22 @@ static int devset_add(devset *ds, cdev *dev)
     return 0;
 }
 
-/* The same devices castor_strategy_create opens for the list: cpu, cpu:N,
- * cuda, cuda:I, cuda:IxK. */
+/* The devices castor_strategy_create opens for the list (the same parser):
+ * cpu, cpu:N, cuda, cuda:I, cuda:IxK. */
 static int devset_open(devset *ds, const bench_config *c, char *err, size_t errlen)
 {
     memset(ds, 0, sizeof *ds);
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", c->devices);
-    char *save = NULL;
-    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    castor__device_entry entries[CASTOR__MAX_REPLICAS];
+    int n_entries = 0;
+    if (castor__device_list_parse(c->devices, entries, &n_entries, err, errlen))
+        return -1;
+    for (int i = 0; i < n_entries; i++) {
+        const castor__device_entry *e = &entries[i];
         cdev *dev = NULL;
-        if (strcmp(tok, "cpu") == 0 || strncmp(tok, "cpu:", 4) == 0) {
-            int n = tok[3] == ':' ? atoi(tok + 4) : 1;
+        if (!e->cuda) {
             size_t budget = c->device_memory > CPU_LIMIT_BUDGET ? c->device_memory
                                                                  : CPU_LIMIT_BUDGET;
-            for (int i = 0; i < n; i++) {
+            for (int j = 0; j < e->replicas; j++) {
                 if (cdev_cpu_create(ds->n, budget, &dev, err, errlen))
                     return -1;
                 if (devset_add(ds, dev))
@@ -182,25 +183,16 @@ static int devset_open(devset *ds, const bench_config *c, char *err, size_t errl
             }
             continue;
         }
-        if (strncmp(tok, "cuda", 4) != 0) {
-            snprintf(err, errlen, "unknown device '%s'", tok);
-            return -1;
-        }
         const char *why = NULL;
         int count = cdev_cuda_count(&why);
         if (count <= 0) {
             snprintf(err, errlen, "no CUDA GPU can be used: %s", why ? why : "none found");
             return -1;
         }
-        int first = 0, last = count - 1, k = 1;
-        if (tok[4] == ':') {
-            first = last = atoi(tok + 5);
-            const char *x = strchr(tok + 5, 'x');
-            if (x)
-                k = atoi(x + 1);
-        }
+        int first = e->ordinal < 0 ? 0 : e->ordinal;
+        int last = e->ordinal < 0 ? count - 1 : e->ordinal;
         for (int g = first; g <= last; g++)
-            for (int j = 0; j < k; j++) {
+            for (int j = 0; j < e->replicas; j++) {
                 if (cdev_cuda_create(g, j, c->device_memory, c->tf32, &dev, err, errlen))
                     return -1;
                 if (devset_add(ds, dev))
@@ -214,7 +206,7 @@ static int devset_open(devset *ds, const bench_config *c, char *err, size_t errl
     }
     return 0;
 too_many:
-    snprintf(err, errlen, "more than %d devices", MAX_DEVS);
+    snprintf(err, errlen, "more than %d devices", CASTOR__MAX_REPLICAS);
     return -1;
 }
 
@@ -236,7 +228,7 @@ typedef struct job {
     int reps;
     size_t bytes;  /* per copy */
     const bench_gemm *g;
-    int status[MAX_DEVS];
+    int status[CASTOR__MAX_REPLICAS];
 } job;
 
 static int job_one(job *j, int i)
@@ -284,7 +276,7 @@ static void job_task(void *ctx, int index, int count)
  * NaN on failure, with the device's message noted. */
 static double run_job(bench_limits *L, castor__pool *pool, job *j)
 {
-    for (int i = 0; i < MAX_DEVS; i++)
+    for (int i = 0; i < CASTOR__MAX_REPLICAS; i++)
         j->status[i] = 0;
     double t0 = cli_now();
     if (j->ndev == 1)
@@ -342,7 +334,7 @@ static int alloc_dev(cdev *dev, size_t bytes, void **p, size_t *held)
 static void measure_copies(const bench_config *c, bench_limits *L, devset *ds,
                            castor__pool *pool)
 {
-    dev_bufs bufs[MAX_DEVS];
+    dev_bufs bufs[CASTOR__MAX_REPLICAS];
     memset(bufs, 0, sizeof bufs);
     size_t bytes = L->copy_bytes;
     int trials = c->quick ? 3 : 7;
@@ -392,7 +384,7 @@ out:
 static void measure_gemm(const bench_config *c, bench_limits *L, devset *ds, castor__pool *pool,
                          bench_gemm *g)
 {
-    dev_bufs bufs[MAX_DEVS];
+    dev_bufs bufs[CASTOR__MAX_REPLICAS];
     memset(bufs, 0, sizeof bufs);
     size_t f = sizeof(float);
     size_t a = (size_t)g->m * (size_t)g->k * f, b = (size_t)g->k * (size_t)g->n * f,

@@ -3,7 +3,6 @@
  * replicas, collecting their errors, the forward pass). */
 #include "strategy.h"
 
-#include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -41,69 +40,6 @@ static int strategy_fail(castor_strategy *s, int code, const char *fmt, ...)
     return code;
 }
 
-/* A whole non-negative decimal number in [lo, hi], or -1. */
-static long parse_count(const char *text, long lo, long hi)
-{
-    if (!text || !*text || *text == '+' || *text == '-')
-        return -1;
-    char *end = NULL;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (errno || *end || v < lo || v > hi)
-        return -1;
-    return v;
-}
-
-/* One device entry: how many replicas on which backend and GPU. */
-typedef struct device_entry {
-    int cuda;
-    int ordinal;   /* -1: every GPU */
-    int replicas;  /* replicas on it (cpu:N gives N devices) */
-} device_entry;
-
-static int parse_entry(castor_strategy *s, const char *tok, device_entry *e)
-{
-    static const char *forms = "expected cpu, cpu:N, cuda, cuda:I or cuda:IxK";
-    memset(e, 0, sizeof *e);
-    e->replicas = 1;
-    if (strcmp(tok, "cpu") == 0)
-        return CASTOR_OK;
-    if (strncmp(tok, "cpu:", 4) == 0) {
-        long n = parse_count(tok + 4, 1, CASTOR__MAX_REPLICAS);
-        if (n < 0)
-            return strategy_fail(s, CASTOR_INVALID,
-                                 "bad device '%s': the count after cpu: must be 1..%d", tok,
-                                 CASTOR__MAX_REPLICAS);
-        e->replicas = (int)n;
-        return CASTOR_OK;
-    }
-    e->cuda = 1;
-    if (strcmp(tok, "cuda") == 0) {
-        e->ordinal = -1;
-        return CASTOR_OK;
-    }
-    if (strncmp(tok, "cuda:", 5) == 0) {
-        char buf[64];
-        snprintf(buf, sizeof buf, "%s", tok + 5);
-        char *x = strchr(buf, 'x');
-        if (x) {
-            *x = '\0';
-            long k = parse_count(x + 1, 1, CASTOR__MAX_REPLICAS);
-            if (k < 0)
-                return strategy_fail(s, CASTOR_INVALID,
-                                     "bad device '%s': the replica count after x must be 1..%d",
-                                     tok, CASTOR__MAX_REPLICAS);
-            e->replicas = (int)k;
-        }
-        long ord = parse_count(buf, 0, 1023);
-        if (ord < 0)
-            return strategy_fail(s, CASTOR_INVALID, "bad device '%s': %s", tok, forms);
-        e->ordinal = (int)ord;
-        return CASTOR_OK;
-    }
-    return strategy_fail(s, CASTOR_INVALID, "unknown device '%s' (%s)", tok, forms);
-}
-
 static int add_device(castor_strategy *s, cdev *dev)
 {
     if (s->n_replicas >= CASTOR__MAX_REPLICAS) {
@@ -114,7 +50,7 @@ static int add_device(castor_strategy *s, cdev *dev)
     return CASTOR_OK;
 }
 
-static int open_entry(castor_strategy *s, const device_entry *e)
+static int open_entry(castor_strategy *s, const castor__device_entry *e)
 {
     char err[384] = "";
     cdev *dev = NULL;
@@ -162,45 +98,17 @@ static int open_entry(castor_strategy *s, const device_entry *e)
 
 static int open_devices(castor_strategy *s, const char *spec)
 {
-    char buf[256];
-    if (!spec || !*spec)
-        return strategy_fail(s, CASTOR_INVALID, "no devices given (e.g. cpu:2 or cuda:0)");
-    if (strlen(spec) >= sizeof buf)
-        return strategy_fail(s, CASTOR_INVALID, "device list too long");
-    snprintf(buf, sizeof buf, "%s", spec);
+    castor__device_entry entries[CASTOR__MAX_REPLICAS];
+    int n_entries = 0;
+    int rc = castor__device_list_parse(spec, entries, &n_entries, s->errmsg, sizeof s->errmsg);
+    if (rc)
+        return rc;
     s->devs = calloc(CASTOR__MAX_REPLICAS, sizeof *s->devs);
     if (!s->devs)
         return strategy_fail(s, CASTOR_NOMEM, "out of memory");
-    /* Parse the whole list before opening anything, so that a bad entry
-     * late in the list costs no GPU context. */
-    device_entry entries[CASTOR__MAX_REPLICAS];
-    int n_entries = 0;
-    char *save = NULL;
-    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (n_entries == CASTOR__MAX_REPLICAS)
-            return strategy_fail(s, CASTOR_INVALID, "too many replicas: at most %d",
-                                 CASTOR__MAX_REPLICAS);
-        device_entry *e = &entries[n_entries];
-        int rc = parse_entry(s, tok, e);
-        if (rc)
+    for (int i = 0; i < n_entries; i++)
+        if ((rc = open_entry(s, &entries[i])))
             return rc;
-        /* Two entries on one GPU would each take its whole memory as their
-         * budget; cuda:IxK shares it among K replicas. */
-        for (int j = 0; j < n_entries && e->cuda; j++) {
-            const device_entry *o = &entries[j];
-            if (o->cuda && (o->ordinal < 0 || e->ordinal < 0 || o->ordinal == e->ordinal))
-                return strategy_fail(s, CASTOR_INVALID,
-                                     "'%s' names a GPU already in the list '%s'; for several "
-                                     "replicas on one GPU write cuda:IxK",
-                                     tok, spec);
-        }
-        n_entries++;
-    }
-    for (int i = 0; i < n_entries; i++) {
-        int rc = open_entry(s, &entries[i]);
-        if (rc)
-            return rc;
-    }
     if (s->n_replicas == 0)
         return strategy_fail(s, CASTOR_INVALID, "no devices in '%s'", spec);
     return CASTOR_OK;

@@ -11,13 +11,10 @@
 
 #include "castor.h"
 #include "device/device.h"
+#include "device_list.h"
 #include "host/pool.h"
 #include "model.h"
 #include "replica.h"
-
-/* Replicas in one strategy at most: what --devices accepts, and the size of
- * the fixed arrays that list them. */
-#define CASTOR__MAX_REPLICAS 64
 
 /* A batch as the trainer hands it over: rows contiguous on the host (pinned). */
 typedef struct castor__batch {

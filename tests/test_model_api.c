@@ -142,7 +142,12 @@ Test(model_api, run_stats_start_with_each_model)
 Test(model_api, a_gpu_named_twice_is_refused_before_anything_opens)
 {
     /* Refused while parsing, so the same on a machine without a GPU. */
-    const char *twice[] = {"cuda:0,cuda:0", "cuda:1x2,cuda:1", "cuda,cuda:0", "cuda:3,cpu,cuda"};
+    /* The last one is cuda:1 too, written with 70 leading zeros (once read
+     * as cuda:0, cut short in a 64-byte buffer). */
+    const char *twice[] = {"cuda:0,cuda:0", "cuda:1x2,cuda:1", "cuda,cuda:0", "cuda:3,cpu,cuda",
+                           "cuda:1,cuda:"
+                           "0000000000000000000000000000000000000000000000000000000000000000000000"
+                           "1x2"};
     for (size_t i = 0; i < sizeof twice / sizeof *twice; i++) {
         castor_strategy *s = NULL;
         cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_MIRRORED, twice[i], NULL),

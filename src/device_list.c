@@ -1,0 +1,120 @@
+/* The device list's syntax (device_list.h). */
+#include "device_list.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "castor.h"
+
+static int list_fail(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int list_fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return CASTOR_INVALID;
+}
+
+/* The first len characters of text as a whole non-negative decimal number
+ * in [lo, hi], or -1. Digits only: no sign, no spaces; leading zeros are
+ * fine, however many. */
+static long parse_count_n(const char *text, size_t len, long lo, long hi)
+{
+    if (!text || len == 0)
+        return -1;
+    long v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] < '0' || text[i] > '9')
+            return -1;
+        v = v * 10 + (text[i] - '0');
+        if (v > hi)
+            return -1;
+    }
+    return v < lo ? -1 : v;
+}
+
+/* One entry, the len characters at tok (not NUL-terminated there). */
+static int parse_entry(const char *tok, size_t len, castor__device_entry *e, char *err,
+                       size_t errlen)
+{
+    static const char *forms = "expected cpu, cpu:N, cuda, cuda:I or cuda:IxK";
+    char shown[80];  /* the entry as the message quotes it, cut if very long */
+    snprintf(shown, sizeof shown, "%.*s%s", len < 64 ? (int)len : 64, tok, len < 64 ? "" : "...");
+    memset(e, 0, sizeof *e);
+    e->replicas = 1;
+    if (len == 3 && memcmp(tok, "cpu", 3) == 0)
+        return CASTOR_OK;
+    if (len >= 4 && memcmp(tok, "cpu:", 4) == 0) {
+        long n = parse_count_n(tok + 4, len - 4, 1, CASTOR__MAX_REPLICAS);
+        if (n < 0)
+            return list_fail(err, errlen, "bad device '%s': the count after cpu: must be 1..%d",
+                             shown, CASTOR__MAX_REPLICAS);
+        e->replicas = (int)n;
+        return CASTOR_OK;
+    }
+    if (len == 4 && memcmp(tok, "cuda", 4) == 0) {
+        e->cuda = 1;
+        e->ordinal = -1;
+        return CASTOR_OK;
+    }
+    if (len >= 5 && memcmp(tok, "cuda:", 5) == 0) {
+        e->cuda = 1;
+        const char *num = tok + 5, *end = tok + len;
+        const char *x = memchr(num, 'x', (size_t)(end - num));
+        if (x) {
+            long k = parse_count_n(x + 1, (size_t)(end - x - 1), 1, CASTOR__MAX_REPLICAS);
+            if (k < 0)
+                return list_fail(err, errlen,
+                                 "bad device '%s': the replica count after x must be 1..%d",
+                                 shown, CASTOR__MAX_REPLICAS);
+            e->replicas = (int)k;
+        }
+        long ord = parse_count_n(num, (size_t)((x ? x : end) - num), 0, 1023);
+        if (ord < 0)
+            return list_fail(err, errlen, "bad device '%s': %s", shown, forms);
+        e->ordinal = (int)ord;
+        return CASTOR_OK;
+    }
+    return list_fail(err, errlen, "unknown device '%s' (%s)", shown, forms);
+}
+
+int castor__device_list_parse(const char *spec, castor__device_entry *entries, int *n_out,
+                              char *err, size_t errlen)
+{
+    *n_out = 0;
+    if (!spec || !*spec)
+        return list_fail(err, errlen, "no devices given (e.g. cpu:2 or cuda:0)");
+    int n = 0;
+    /* Empty entries (",,", a trailing comma) are skipped, as strtok did. */
+    for (const char *p = spec; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len) {
+            if (n == CASTOR__MAX_REPLICAS)
+                return list_fail(err, errlen, "too many replicas: at most %d",
+                                 CASTOR__MAX_REPLICAS);
+            castor__device_entry *e = &entries[n];
+            int rc = parse_entry(p, len, e, err, errlen);
+            if (rc)
+                return rc;
+            for (int j = 0; j < n && e->cuda; j++) {
+                const castor__device_entry *o = &entries[j];
+                if (o->cuda && (o->ordinal < 0 || e->ordinal < 0 || o->ordinal == e->ordinal))
+                    return list_fail(err, errlen,
+                                     "'%.*s' names a GPU already in the list; for several "
+                                     "replicas on one GPU write cuda:IxK",
+                                     len < 64 ? (int)len : 64, p);
+            }
+            n++;
+        }
+        p += len;
+        if (*p == ',')
+            p++;
+    }
+    *n_out = n;
+    return CASTOR_OK;
+}
