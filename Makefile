@@ -165,7 +165,7 @@ $(BUILD)/tsan-threads: $(BUILD)/obj/tests/tsan/threads.o $(BUILD)/libcastor.a
 
 # ---- fuzzing (clang + libFuzzer, with ASan and UBSan) ----
 FUZZ_SECONDS ?= 60
-FUZZERS = idx safetensors checkpoint layers
+FUZZERS = idx safetensors checkpoint layers devices
 FUZZ_BUILD = $(BUILD)/fuzz
 fuzz: deps-check
 	$(MAKE) --no-print-directory CC=clang BUILD=$(FUZZ_BUILD) NO_CUDA=1 OPT=-O1 \
