@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <cJSON.h>
+#include <cjson/cJSON.h>
 
 #include "host/pool.h"
 #include "src/cli/json.h"

@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cJSON.h>
+#include <cjson/cJSON.h>
 
 #define CKPT_PREFIX "ckpt-"
 #define CKPT_SUFFIX ".safetensors"

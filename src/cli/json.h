@@ -4,7 +4,7 @@
 
 #include <stdint.h>
 
-#include <cJSON.h>
+#include <cjson/cJSON.h>
 
 /* Add a number; NaN and infinities become null (JSON has no NaN).
  * Return 0, or -1 when out of memory. */
