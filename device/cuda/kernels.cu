@@ -12,22 +12,18 @@
  */
 #include <cmath>
 
+#include "device/cuda/grid.cuh"
 #include "device/cuda/kernels.h"
 
 namespace {
 
-constexpr int kBlock = 256;
-/* A grid-stride loop covers any n; more blocks than a few waves of the
- * largest GPU add only scheduling work. */
-constexpr size_t kMaxBlocks = 4096;
+using castor_grid::blocks_for;
+using castor_grid::grid_start;
+using castor_grid::grid_stride;
+using castor_grid::kBlock;
+
 /* Warps per block at most (1024 threads): the size of the reduction scratch. */
 constexpr int kMaxWarps = 32;
-
-unsigned blocks_for(size_t n)
-{
-    size_t b = (n + kBlock - 1) / kBlock;
-    return (unsigned)(b < kMaxBlocks ? b : kMaxBlocks);
-}
 
 /* One block per row for the losses: a warp multiple that covers a short row
  * in one pass, at most 256 threads for long ones. */
@@ -35,16 +31,6 @@ unsigned row_threads(int cols)
 {
     int t = (cols + 31) / 32 * 32;
     return (unsigned)(t < 32 ? 32 : (t > kBlock ? kBlock : t));
-}
-
-__device__ __forceinline__ size_t grid_start(void)
-{
-    return (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-}
-
-__device__ __forceinline__ size_t grid_stride(void)
-{
-    return (size_t)gridDim.x * blockDim.x;
 }
 
 /* ---- activations: y = f(x); f'(x) written in terms of y ---- */

@@ -13,18 +13,15 @@
  */
 #include <cmath>
 
+#include "device/cuda/grid.cuh"
 #include "device/cuda/kernels.h"
 
 namespace {
 
-constexpr int kBlock = 256;
-constexpr size_t kMaxBlocks = 4096;
-
-unsigned blocks_for(size_t n)
-{
-    size_t b = (n + kBlock - 1) / kBlock;
-    return (unsigned)(b < kMaxBlocks ? b : kMaxBlocks);
-}
+using castor_grid::blocks_for;
+using castor_grid::grid_start;
+using castor_grid::grid_stride;
+using castor_grid::kBlock;
 
 /* Mirrors host/optim.c's step_consts. */
 struct StepConsts {
@@ -50,15 +47,10 @@ StepConsts make_consts(const castor_optimizer *opt, int64_t step)
     return c;
 }
 
-#define GRID_LOOP(i, n)                                                                   \
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);               \
-         i += (size_t)gridDim.x * blockDim.x)
-
 /* p -= lr * g */
 __global__ void sgd_kernel(float *p, const float *g, size_t n, float lr)
 {
-    GRID_LOOP(i, n)
-    {
+    for (size_t i = grid_start(); i < n; i += grid_stride()) {
         p[i] = __fsub_rn(p[i], __fmul_rn(lr, g[i]));
     }
 }
@@ -68,8 +60,7 @@ template <bool NESTEROV>
 __global__ void momentum_kernel(float *p, const float *g, float *vel, size_t n, float mu,
                                 float lr)
 {
-    GRID_LOOP(i, n)
-    {
+    for (size_t i = grid_start(); i < n; i += grid_stride()) {
         float lg = __fmul_rn(lr, g[i]);
         float v = __fsub_rn(__fmul_rn(mu, vel[i]), lg);
         vel[i] = v;
@@ -85,8 +76,7 @@ __global__ void adam_kernel(float *p, const float *g, float *m, float *v, size_t
                             float one_minus_b1, float one_minus_b2, float alpha, float eps,
                             float lr_wd)
 {
-    GRID_LOOP(i, n)
-    {
+    for (size_t i = grid_start(); i < n; i += grid_stride()) {
         float pi = p[i], gi = g[i];
         if (DECAY)
             pi = __fsub_rn(pi, __fmul_rn(lr_wd, pi));
@@ -97,8 +87,6 @@ __global__ void adam_kernel(float *p, const float *g, float *m, float *v, size_t
         p[i] = __fsub_rn(pi, __fdiv_rn(__fmul_rn(alpha, mi), __fadd_rn(__fsqrt_rn(vi), eps)));
     }
 }
-
-#undef GRID_LOOP
 
 }  // namespace
 
