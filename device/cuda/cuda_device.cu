@@ -111,7 +111,8 @@ void cuda_release(cdev *dev, void *d_ptr)
 {
     if (!d_ptr)
         return;
-    /* cudaFree waits for the device's work, so the buffer is not in use. */
+    /* The strategies free buffers only after synchronizing the replica's
+     * streams; cudaFree would wait for the device's work in any case. */
     if (cudaSetDevice(dev->ordinal) != cudaSuccess || cudaFree(d_ptr) != cudaSuccess)
         (void)cudaGetLastError();  /* nothing to report to; keep later checks clean */
 }

@@ -248,9 +248,9 @@ cudaError_t castor__cuda_scale(cudaStream_t s, float *c, int rows, int cols, int
 
 cudaError_t castor__cuda_bias_add(cudaStream_t s, float *y, const float *bias, int rows, int cols)
 {
-    size_t n = (size_t)rows * (size_t)cols;
     if (rows <= 0 || cols <= 0)
         return cudaSuccess;
+    size_t n = (size_t)rows * (size_t)cols;
     bias_add_kernel<<<blocks_for(n), kBlock, 0, s>>>(y, bias, n, (size_t)cols);
     return cudaGetLastError();
 }
