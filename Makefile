@@ -72,8 +72,10 @@ LIB_OBJ  = $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
 CLI_OBJ  = $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 # bench/ is part of the castor program: main.c dispatches "castor bench" to it.
 $(CLI_OBJ): ALL_CFLAGS += -DCASTOR_HAVE_BENCH
-TEST_OBJ = $(TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/support.o
-GPU_TEST_OBJ = $(GPU_TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/support.o
+TEST_OBJ = $(TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/support.o \
+           $(BUILD)/obj/tests/checkpoint_support.o
+GPU_TEST_OBJ = $(GPU_TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/support.o \
+               $(BUILD)/obj/tests/gpu/gpu_support.o
 
 .PHONY: all lib cli check check-gpu check-sanitize demo bench fuzz clean deps deps-check info-build
 SHELL := /bin/bash

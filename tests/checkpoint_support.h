@@ -1,0 +1,66 @@
+/*
+ * What the checkpoint suites (tests/test_checkpoint*.c) share: a small
+ * synthetic data set and model, snapshots of everything a checkpoint holds,
+ * file helpers, and a fixture with a good checkpoint to load or spoil.
+ */
+#ifndef CASTOR_TEST_CHECKPOINT_SUPPORT_H
+#define CASTOR_TEST_CHECKPOINT_SUPPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "castor.h"
+
+#define N 101  /* 7 batches of 16 per epoch, the last one short */
+#define F 12
+#define C 3
+#define LAYERS "16:tanh,8:relu,3"
+#define BATCH 16
+
+/* N rows of F features in C classes, each class lifting its own features. */
+castor_dataset *ckpt_synthetic(void);
+/* kind's defaults; SGD gets a learning rate of 0.05 and Nesterov momentum. */
+castor_optimizer ckpt_make_opt(castor_optimizer_kind kind);
+castor_strategy *ckpt_make_strategy(castor_strategy_kind kind, const char *devices);
+/* F inputs, softmax cross-entropy, compiled on s. */
+castor_model *ckpt_make_model(castor_strategy *s, const char *layers, castor_optimizer opt,
+                         uint64_t seed);
+/* steps shuffled steps of BATCH rows, across epochs as needed. */
+void ckpt_train_steps(castor_model *m, const castor_dataset *ds, int64_t steps);
+
+/* Everything a checkpoint holds, read out of a model. */
+typedef struct snap {
+    float *params, *state;
+    size_t n, ns;
+    int64_t step, epoch, step_in_epoch;
+    int epoch_batch;
+    uint64_t seed;
+    castor_optimizer opt;
+} snap;
+
+snap ckpt_take(castor_model *m);
+void ckpt_snap_free(snap *s);
+/* a and b the same to the bit; what names the comparison in failures. */
+void ckpt_assert_same(const snap *a, const snap *b, const char *what);
+
+/* dir/name, malloc'd. */
+char *ckpt_path_in(const char *dir, const char *name);
+/* The whole file, malloc'd; its length in *len. */
+unsigned char *ckpt_slurp(const char *path, size_t *len);
+/* A file image from a header text (padded to 8) and data bytes. */
+unsigned char *ckpt_image(const char *header, const void *data, size_t data_len, size_t *len);
+
+typedef struct fixture {
+    char *dir, *good, *bad;
+    castor_dataset *ds;
+    castor_strategy *s;
+    castor_model *m;   /* the model a bad file is loaded into */
+    snap before;
+} fixture;
+
+/* A good checkpoint (3 Adam steps, "16:tanh,8:relu,3"); a model trained
+ * differently to load into. */
+void ckpt_setup(fixture *fx);
+void ckpt_teardown(fixture *fx);
+
+#endif

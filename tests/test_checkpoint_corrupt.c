@@ -1,0 +1,419 @@
+/*
+ * Checkpoints that must not be trusted: corrupt and truncated files,
+ * architecture and optimizer mismatches, metadata that lies about sizes and
+ * positions, and file text that reaches messages. A failed load or open
+ * leaves the model as it was.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#include "castor.h"
+#include "checkpoint_support.h"
+#include "support.h"
+
+/* ---- corrupt files --------------------------------------------------------------------- */
+
+/* A checkpoint split into its header text and data section. */
+typedef struct parts {
+    char *header;
+    unsigned char *data;
+    size_t data_len;
+} parts;
+
+static parts split_file(const char *path)
+{
+    size_t len;
+    unsigned char *b = ckpt_slurp(path, &len);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--)
+        hl = (hl << 8) | b[i];
+    cr_assert(hl <= len - 8);
+    parts p;
+    p.header = malloc(hl + 1);
+    memcpy(p.header, b + 8, hl);
+    p.header[hl] = '\0';
+    for (size_t h = hl; h && p.header[h - 1] == ' '; h--)
+        p.header[h - 1] = '\0';  /* the padding; ckpt_image() adds it again */
+    p.data_len = len - 8 - (size_t)hl;
+    p.data = malloc(p.data_len ? p.data_len : 1);
+    memcpy(p.data, b + 8 + hl, p.data_len);
+    free(b);
+    return p;
+}
+
+static void parts_free(parts *p)
+{
+    free(p->header);
+    free(p->data);
+}
+
+/* Replace the one occurrence of `from` in the header with `to`. */
+static void edit(parts *p, const char *from, const char *to)
+{
+    char *at = strstr(p->header, from);
+    cr_assert(at, "'%s' not in the header", from);
+    cr_assert(!strstr(at + 1, from), "'%s' is in the header twice", from);
+    size_t len = strlen(p->header) - strlen(from) + strlen(to);
+    char *h = malloc(len + 1);
+    size_t pre = (size_t)(at - p->header);
+    memcpy(h, p->header, pre);
+    strcpy(h + pre, to);
+    strcat(h, at + strlen(from));
+    free(p->header);
+    p->header = h;
+}
+
+/* Put the data section's CRC into the header (after edits to the data). */
+static void fix_crc(parts *p)
+{
+    char *at = strstr(p->header, "\"crc32\":\"");
+    cr_assert(at);
+    char hex[9];
+    snprintf(hex, sizeof hex, "%08lx", crc32(0, p->data, (uInt)p->data_len));
+    memcpy(at + 9, hex, 8);
+}
+
+static void write_parts(const parts *p, const char *path)
+{
+    size_t len;
+    unsigned char *b = ckpt_image(p->header, p->data, p->data_len, &len);
+    cr_assert_eq(support_write_file(path, b, len), 0);
+    free(b);
+}
+
+/* Loading `path` fails with `code`, a message naming it and holding
+ * `fragment`; the model is as it was; open fails the same way. */
+static void expect_load_fails(fixture *fx, const char *path, int code, const char *fragment)
+{
+    int rc = castor_model_load(fx->m, path);
+    const char *msg = castor_model_errmsg(fx->m);
+    cr_assert_eq(rc, code, "load gave %d (%s), expected %d", rc, msg, code);
+    cr_assert(strstr(msg, path), "the message does not name the file: %s", msg);
+    cr_assert(strstr(msg, fragment), "'%s' not in: %s", fragment, msg);
+    cr_assert(!strchr(msg, '\n'), "not one line: %s", msg);
+    snap after = ckpt_take(fx->m);
+    ckpt_assert_same(&fx->before, &after, "after a failed load");
+    ckpt_snap_free(&after);
+    /* and training still works on it */
+    ckpt_train_steps(fx->m, fx->ds, 1);
+    castor_model_free(fx->m);
+    fx->m = ckpt_make_model(fx->s, LAYERS, ckpt_make_opt(CASTOR_OPT_ADAM), 9);
+    ckpt_train_steps(fx->m, fx->ds, 2);
+}
+
+/* fx->bad: fx->good changed by mutate. */
+static void write_bad(fixture *fx, void (*mutate)(parts *))
+{
+    parts p = split_file(fx->good);
+    mutate(&p);
+    write_parts(&p, fx->bad);
+    parts_free(&p);
+}
+
+static void corrupt_case(void (*mutate)(parts *), int code, const char *fragment)
+{
+    fixture fx;
+    ckpt_setup(&fx);
+    write_bad(&fx, mutate);
+    expect_load_fails(&fx, fx.bad, code, fragment);
+    /* open() reports the same problem */
+    castor_strategy *s = ckpt_make_strategy(CASTOR_STRATEGY_CENTRAL, "cpu");
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_open(&m, fx.bad, s), code);
+    cr_assert(m && strstr(castor_model_errmsg(m), fx.bad), "%s", castor_model_errmsg(m));
+    castor_model_free(m);
+    castor_strategy_free(s);
+    ckpt_teardown(&fx);
+}
+
+Test(checkpoint, good_file_loads)
+{
+    fixture fx;
+    ckpt_setup(&fx);
+    cr_assert_eq(castor_model_load(fx.m, fx.good), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
+    cr_assert_eq(castor_model_step(fx.m), 3);
+    ckpt_teardown(&fx);
+}
+
+Test(checkpoint, truncated_file)
+{
+    fixture fx;
+    ckpt_setup(&fx);
+    size_t len;
+    unsigned char *b = ckpt_slurp(fx.good, &len);
+    cr_assert_eq(support_write_file(fx.bad, b, len - 10), 0);
+    expect_load_fails(&fx, fx.bad, CASTOR_FORMAT, "truncated");
+    cr_assert_eq(support_write_file(fx.bad, b, 6), 0);
+    expect_load_fails(&fx, fx.bad, CASTOR_FORMAT, "truncated");
+    free(b);
+    ckpt_teardown(&fx);
+}
+
+Test(checkpoint, empty_file)
+{
+    fixture fx;
+    ckpt_setup(&fx);
+    cr_assert_eq(support_write_file(fx.bad, "", 0), 0);
+    expect_load_fails(&fx, fx.bad, CASTOR_FORMAT, "empty file");
+    ckpt_teardown(&fx);
+}
+
+Test(checkpoint, directory_as_file)
+{
+    fixture fx;
+    ckpt_setup(&fx);
+    expect_load_fails(&fx, fx.dir, CASTOR_IO, "directory");
+    ckpt_teardown(&fx);
+}
+
+Test(checkpoint, missing_file)
+{
+    fixture fx;
+    ckpt_setup(&fx);
+    expect_load_fails(&fx, fx.bad, CASTOR_IO, "No such file");
+    castor_model *m = NULL;
+    castor_strategy *s = ckpt_make_strategy(CASTOR_STRATEGY_CENTRAL, "cpu");
+    cr_assert_eq(castor_model_open(&m, fx.bad, s), CASTOR_IO);
+    cr_assert(m && strstr(castor_model_errmsg(m), fx.bad), "%s", castor_model_errmsg(m));
+    castor_model_free(m);
+    castor_strategy_free(s);
+    ckpt_teardown(&fx);
+}
+
+Test(checkpoint, header_length_past_end)
+{
+    fixture fx;
+    ckpt_setup(&fx);
+    size_t len;
+    unsigned char *b = ckpt_slurp(fx.good, &len);
+    uint64_t hl = len;  /* more than follows it */
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)(hl >> (8 * i));
+    cr_assert_eq(support_write_file(fx.bad, b, len), 0);
+    expect_load_fails(&fx, fx.bad, CASTOR_FORMAT, "header length");
+    free(b);
+    ckpt_teardown(&fx);
+}
+
+static void not_json(parts *p) { p->header[1] = 'x'; }
+static void wrong_dtype(parts *p)
+{
+    edit(p, "\"dense_0.kernel\":{\"dtype\":\"F32\"", "\"dense_0.kernel\":{\"dtype\":\"F64\"");
+}
+static void swapped_shape(parts *p)
+{
+    edit(p, "\"dense_0.kernel\":{\"dtype\":\"F32\",\"shape\":[12,16]",
+         "\"dense_0.kernel\":{\"dtype\":\"F32\",\"shape\":[16,12]");
+}
+static void overlapping(parts *p)
+{
+    /* the bias moved back by 16 bytes onto the kernel; its old end leaves a hole too */
+    edit(p, "\"data_offsets\":[768,832]", "\"data_offsets\":[752,816]");
+}
+static void out_of_range(parts *p)
+{
+    edit(p, "\"data_offsets\":[0,768]", "\"data_offsets\":[1000000,1000768]");
+}
+static void flipped_byte(parts *p) { p->data[p->data_len / 2] ^= 0x10; }
+static void renamed_tensor(parts *p) { edit(p, "\"dense_1.bias\":", "\"dense_1.b\":"); }
+/* One more F32 tensor of one zero, named json_name (as JSON string text),
+ * at the end of the header and the data; the CRC made right again. */
+static void append_tensor(parts *p, const char *json_name)
+{
+    char entry[160];
+    snprintf(entry, sizeof entry, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[1],"
+             "\"data_offsets\":[%zu,%zu]}}", json_name, p->data_len, p->data_len + 4);
+    size_t hl = strlen(p->header);
+    cr_assert_eq(p->header[hl - 1], '}');
+    p->header[hl - 1] = '\0';
+    char *h = malloc(hl + strlen(entry) + 1);
+    strcpy(h, p->header);
+    strcat(h, entry);
+    free(p->header);
+    p->header = h;
+    p->data = realloc(p->data, p->data_len + 4);
+    memset(p->data + p->data_len, 0, 4);
+    p->data_len += 4;
+    fix_crc(p);
+}
+static void extra_tensor(parts *p) { append_tensor(p, "dense_9.kernel"); }
+static void bad_step(parts *p)
+{
+    char *at = strstr(p->header, "\"step\":\"");
+    cr_assert(at);
+    at[8] = '-';
+}
+static void other_layers(parts *p) { edit(p, "\"layers\":\"16:tanh,", "\"layers\":\"16:relu,"); }
+static void other_optimizer(parts *p)
+{
+    edit(p, "\"optimizer\":\"adam\"", "\"optimizer\":\"adamw\"");
+}
+static void no_format(parts *p) { edit(p, "\"format\":", "\"formax\":"); }
+
+Test(checkpoint, header_not_json) { corrupt_case(not_json, CASTOR_FORMAT, "not valid JSON"); }
+
+Test(checkpoint, wrong_dtype) { corrupt_case(wrong_dtype, CASTOR_FORMAT, "dtype 'F64'"); }
+
+Test(checkpoint, shape_mismatch)
+{
+    corrupt_case(swapped_shape, CASTOR_MISMATCH,
+                 "tensor dense_0.kernel has shape [16,12], the model expects [12,16]");
+}
+
+Test(checkpoint, overlapping_offsets) { corrupt_case(overlapping, CASTOR_FORMAT, "overlap"); }
+
+Test(checkpoint, out_of_range_offsets)
+{
+    corrupt_case(out_of_range, CASTOR_FORMAT, "past the end");
+}
+
+Test(checkpoint, flipped_data_byte) { corrupt_case(flipped_byte, CASTOR_FORMAT, "CRC-32"); }
+
+Test(checkpoint, missing_tensor)
+{
+    corrupt_case(renamed_tensor, CASTOR_MISMATCH, "dense_1.bias is missing");
+}
+
+Test(checkpoint, extra_tensor)
+{
+    corrupt_case(extra_tensor, CASTOR_MISMATCH, "unexpected tensor 'dense_9.kernel'");
+}
+
+Test(checkpoint, bad_metadata_value) { corrupt_case(bad_step, CASTOR_FORMAT, "'step'"); }
+
+Test(checkpoint, not_a_castor_checkpoint)
+{
+    corrupt_case(no_format, CASTOR_FORMAT, "not a castor checkpoint");
+}
+
+Test(checkpoint, architecture_mismatch)
+{
+    fixture fx;
+    ckpt_setup(&fx);
+    write_bad(&fx, other_layers);
+    expect_load_fails(&fx, fx.bad, CASTOR_MISMATCH, "layers");
+    write_bad(&fx, other_optimizer);
+    expect_load_fails(&fx, fx.bad, CASTOR_MISMATCH, "optimizer is adamw");
+    /* a model of another width */
+    castor_strategy *s = ckpt_make_strategy(CASTOR_STRATEGY_CENTRAL, "cpu");
+    castor_model *m = ckpt_make_model(s, "32:tanh,8:relu,3", ckpt_make_opt(CASTOR_OPT_ADAM), 1);
+    cr_assert_eq(castor_model_load(m, fx.good), CASTOR_MISMATCH);
+    cr_assert(strstr(castor_model_errmsg(m), "16:tanh"), "%s", castor_model_errmsg(m));
+    castor_model_free(m);
+    castor_strategy_free(s);
+    ckpt_teardown(&fx);
+}
+
+Test(checkpoint, load_needs_compiled_model)
+{
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_create(&m, F), CASTOR_OK);
+    cr_assert_eq(castor_model_load(m, "/nonexistent.safetensors"), CASTOR_MISUSE);
+    cr_assert_eq(castor_model_save(m, "/tmp/x.safetensors"), CASTOR_MISUSE);
+    cr_assert_eq(castor_model_load(NULL, "x"), CASTOR_MISUSE);
+    cr_assert_eq(castor_model_open(NULL, "x", NULL), CASTOR_MISUSE);
+    cr_assert_eq(castor_model_epoch(NULL), 0);
+    castor_model_free(m);
+}
+
+/* ---- metadata that lies about sizes and positions (review findings) ---------------------- */
+
+static void huge_step(parts *p)
+{
+    char *at = strstr(p->header, "\"step\":\"");
+    cr_assert(at);
+    char *end = strchr(at + 8, '"');
+    size_t old = (size_t)(end - (at + 8));
+    char *h = malloc(strlen(p->header) + 32);
+    memcpy(h, p->header, (size_t)(at + 8 - p->header));
+    strcpy(h + (at + 8 - p->header), "9223372036854775807");
+    strcat(h, at + 8 + old);
+    free(p->header);
+    p->header = h;
+}
+static void nesterov_seven(parts *p) { edit(p, "\"nesterov\":\"0\"", "\"nesterov\":\"7\""); }
+static void huge_input(parts *p)
+{
+    edit(p, "\"input_features\":\"12\"", "\"input_features\":\"20000000\"");
+}
+
+Test(checkpoint, step_past_what_a_checkpoint_name_holds)
+{
+    /* INT64_MAX passed before, and training on from it overflowed. */
+    corrupt_case(huge_step, CASTOR_FORMAT, "'step'");
+}
+
+Test(checkpoint, nesterov_must_be_0_or_1)
+{
+    /* '7' passed the bounded parse before: (max - digit) wrapped. */
+    corrupt_case(nesterov_seven, CASTOR_FORMAT, "'nesterov'");
+}
+
+/* castor_model_open on fx.good changed by mutate fails with CASTOR_FORMAT,
+ * naming the file, with fragment in the message; the strategy is left free
+ * for a model at once (nothing was compiled onto it). */
+static void open_case(void (*mutate)(parts *), const char *fragment)
+{
+    fixture fx;
+    ckpt_setup(&fx);
+    write_bad(&fx, mutate);
+    castor_strategy *s = ckpt_make_strategy(CASTOR_STRATEGY_CENTRAL, "cpu");
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_open(&m, fx.bad, s), CASTOR_FORMAT, "%s",
+                 castor_model_errmsg(m));
+    const char *msg = castor_model_errmsg(m);
+    cr_assert(strstr(msg, fx.bad) && strstr(msg, fragment), "%s", msg);
+    castor_model_free(m);
+    castor_model *ok = ckpt_make_model(s, LAYERS, ckpt_make_opt(CASTOR_OPT_ADAM), 1);
+    castor_model_free(ok);
+    castor_strategy_free(s);
+    ckpt_teardown(&fx);
+}
+
+static void wider_first_layer(parts *p)
+{
+    edit(p, "\"layers\":\"16:tanh,", "\"layers\":\"4096:tanh,");
+}
+
+Test(checkpoint, open_bad_input_features_is_a_format_error)
+{
+    open_case(huge_input, "bad architecture");
+}
+
+Test(checkpoint, open_holds_the_metadata_to_the_tensors_before_allocating)
+{
+    /* A few bytes of metadata asking for a much larger model: open refuses
+     * it from the tensors' sizes before compile allocates for it. */
+    open_case(wider_first_layer, "the tensors hold");
+}
+
+/* Text from the file reaches messages escaped: no terminal control codes. */
+static void escape_in_format(parts *p)
+{
+    edit(p, "\"format\":\"castor-checkpoint-1\"", "\"format\":\"\\u001b[2J\\u001b[31mpwned\\n\"");
+}
+static void escape_in_tensor_name(parts *p) { append_tensor(p, "x\\u001b[31m\\r"); }
+
+static void expect_escaped(void (*mutate)(parts *), int code)
+{
+    fixture fx;
+    ckpt_setup(&fx);
+    write_bad(&fx, mutate);
+    int rc = castor_model_load(fx.m, fx.bad);
+    const char *msg = castor_model_errmsg(fx.m);
+    cr_assert_eq(rc, code, "%s", msg);
+    for (const char *c = msg; *c; c++)
+        cr_assert((unsigned char)*c >= 0x20 && *c != 0x7f, "control byte %#x in: %s",
+                  (unsigned char)*c, msg);
+    cr_assert(strstr(msg, "\\x1b"), "the escape is shown as text: %s", msg);
+    ckpt_teardown(&fx);
+}
+
+Test(checkpoint, file_text_in_messages_is_escaped)
+{
+    expect_escaped(escape_in_format, CASTOR_FORMAT);
+    expect_escaped(escape_in_tensor_name, CASTOR_MISMATCH);
+}

@@ -1,0 +1,133 @@
+/*
+ * Checkpoints: the safetensors reader on its own, on valid headers and on
+ * hostile ones (bad JSON, dtypes, shapes, offsets, lengths, non-files).
+ */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "castor.h"
+#include "checkpoint_support.h"
+#include "src/safetensors.h"
+#include "support.h"
+
+static int parse_text(const char *header, size_t data_len, char *err, size_t errlen)
+{
+    unsigned char zeros[64] = {0};
+    cr_assert(data_len <= sizeof zeros);
+    size_t len;
+    unsigned char *b = ckpt_image(header, zeros, data_len, &len);
+    castor__st_file f;
+    int rc = castor__st_parse(b, len, "mem.safetensors", &f, err, errlen);
+    castor__st_free(&f);
+    free(b);
+    return rc;
+}
+
+Test(checkpoint, st_accepts_valid)
+{
+    char err[256] = "";
+    cr_assert_eq(parse_text("{}", 0, err, sizeof err), CASTOR_OK, "%s", err);
+    cr_assert_eq(parse_text("{\"__metadata__\":{\"a\":\"b\"}}", 0, err, sizeof err), CASTOR_OK,
+                 "%s", err);
+    /* A scalar, a zero-size tensor and trailing padding. */
+    cr_assert_eq(parse_text("{\"s\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]},"
+                            "\"z\":{\"dtype\":\"F32\",\"shape\":[0,3],\"data_offsets\":[4,4]},"
+                            "\"v\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}  ",
+                            12, err, sizeof err),
+                 CASTOR_OK, "%s", err);
+}
+
+static void expect_reject(const char *header, size_t data_len, const char *fragment)
+{
+    char err[256] = "";
+    cr_assert_eq(parse_text(header, data_len, err, sizeof err), CASTOR_FORMAT,
+                 "accepted: %s", header);
+    cr_assert(strncmp(err, "mem.safetensors: ", 17) == 0, "message: %s", err);
+    cr_assert(strstr(err, fragment), "'%s' not in: %s", fragment, err);
+}
+
+Test(checkpoint, st_rejects_bad_headers)
+{
+    expect_reject("[1,2]", 0, "does not start with '{'");
+    expect_reject("{\"a\":", 0, "not valid JSON");
+    expect_reject("{} x", 0, "after its JSON object");
+    expect_reject("{\"a\":1}", 0, "not a JSON object");
+    expect_reject("{\"a\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4,
+                  "dtype 'F16'");
+    expect_reject("{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,
+                  "dimension 0");
+    expect_reject("{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 4,
+                  "dimension 0");
+    expect_reject("{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4],"
+                  "\"data_offsets\":[0,0]}}", 0, "overflows");
+    expect_reject("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8,
+                  "end before");
+    expect_reject("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4,
+                  "past the end");
+    expect_reject("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4,
+                  "its shape needs 8");
+    expect_reject("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                  "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8,
+                  "overlap");
+    expect_reject("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8,
+                  "belong to no tensor");
+    expect_reject("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 8,
+                  "belong to no tensor");
+    expect_reject("{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},"
+                  "\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0,
+                  "appears twice");
+    expect_reject("{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[0],"
+                  "\"data_offsets\":[0,0]}}", 0, "twice");
+    expect_reject("{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0],\"x\":1}}", 0,
+                  "unknown field");
+    expect_reject("{\"a\":{\"dtype\":\"F32\",\"shape\":[0]}}", 0, "no 'data_offsets'");
+    expect_reject("{\"__metadata__\":{\"n\":1}}", 0, "not a string");
+    expect_reject("{\"__metadata__\":{\"k\":\"a\",\"k\":\"b\"}}", 0, "appears twice");
+    expect_reject("{\"__metadata__\":{},\"__metadata__\":{}}", 0, "appears twice");
+    expect_reject("{\"\xff\":1}", 0, "UTF-8");
+    expect_reject("{\"\xc0\x80\":1}", 0, "UTF-8");  /* overlong NUL */
+    expect_reject("{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],"
+                  "\"data_offsets\":[0,4]}}", 4, "dimensions");
+}
+
+Test(checkpoint, st_rejects_bad_lengths)
+{
+    char err[256];
+    castor__st_file f;
+    unsigned char small[5] = {1, 2, 3, 4, 5};
+    cr_assert_eq(castor__st_parse(small, 0, "x", &f, err, sizeof err), CASTOR_FORMAT);
+    cr_assert(strstr(err, "empty"), "%s", err);
+    cr_assert_eq(castor__st_parse(small, sizeof small, "x", &f, err, sizeof err), CASTOR_FORMAT);
+    cr_assert(strstr(err, "truncated"), "%s", err);
+    unsigned char huge[16] = {0};
+    huge[7] = 0x80;  /* 2^63 */
+    cr_assert_eq(castor__st_parse(huge, sizeof huge, "x", &f, err, sizeof err), CASTOR_FORMAT);
+    cr_assert(strstr(err, "limit"), "%s", err);
+    unsigned char over[16] = {9, 0, 0, 0, 0, 0, 0, 0, '{', '}'};
+    cr_assert_eq(castor__st_parse(over, 10, "x", &f, err, sizeof err), CASTOR_FORMAT);
+    cr_assert(strstr(err, "larger than"), "%s", err);
+    unsigned char zero[16] = {0};
+    cr_assert_eq(castor__st_parse(zero, sizeof zero, "x", &f, err, sizeof err), CASTOR_FORMAT);
+    castor__st_free(&f);
+}
+
+Test(checkpoint, st_read_rejects_non_files)
+{
+    char *dir = support_tmpdir();
+    char err[512];
+    castor__st_file f;
+    cr_assert_eq(castor__st_read(dir, &f, err, sizeof err), CASTOR_IO);
+    cr_assert(strstr(err, dir) && strstr(err, "directory"), "%s", err);
+    char *missing = ckpt_path_in(dir, "missing.safetensors");
+    cr_assert_eq(castor__st_read(missing, &f, err, sizeof err), CASTOR_IO);
+    cr_assert(strstr(err, missing), "%s", err);
+    char *empty = ckpt_path_in(dir, "empty.safetensors");
+    cr_assert_eq(support_write_file(empty, "", 0), 0);
+    cr_assert_eq(castor__st_read(empty, &f, err, sizeof err), CASTOR_FORMAT);
+    cr_assert(strstr(err, empty) && strstr(err, "empty"), "%s", err);
+    free(missing);
+    free(empty);
+    support_rmrf(dir);
+    free(dir);
+}
