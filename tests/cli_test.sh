@@ -466,6 +466,8 @@ expect_error 1 "eval: missing data directory" eval --model "$SAVED" --data "$T/n
 
 # ---- checkpoints: every N steps, the newest K kept, other files left alone -----------------
 names() { find "$1" -mindepth 1 -maxdepth 1 -printf '%f\n' 2>/dev/null | LC_ALL=C sort | tr '\n' ' '; }
+# snapshot DIR...: the names and checksums of everything under the DIRs
+snapshot() { find "$@" -type f -exec md5sum {} + 2>/dev/null | sort; find "$@" 2>/dev/null | sort; }
 CK="$T/ck-every"
 mkdir -p "$CK"
 echo keep >"$CK/notes.txt"
@@ -492,6 +494,30 @@ assert d["checkpoints"] == 3, d'; then
     ok "--checkpoint-every epoch (the default) --keep 1: other files untouched"
 else
     bad "--checkpoint-dir with other files: status $rc" "$(ls -la "$CK"; tail -n 1 "$T/out"; cat "$T/err")"
+fi
+
+# Checkpoints of another run in --checkpoint-dir: a fresh run would have
+# overwritten and pruned them as its own, and --resume DIR would then have
+# picked the other run's newest. Refused before training; nothing changes.
+before=$(snapshot "$CK")
+expect_error 2 "a fresh run into a --checkpoint-dir holding checkpoints" "${TRAIN[@]}" \
+    --layers 16:relu,10 --devices cpu:2 --epochs 1 --batch 64 --checkpoint-dir "$CK" \
+    --checkpoint-every 4 --keep 2
+grep -q -- "--resume $CK" "$T/err" || bad "the error does not suggest --resume $CK" "$(cat "$T/err")"
+expect_error 2 "resuming ckpt 12 into a --checkpoint-dir holding ckpt 16" "${TRAIN[@]}" \
+    --devices cpu:2 --epochs 2 --batch 64 --checkpoint-every 4 --keep 2 \
+    --resume "$CK/sub/dir/ckpt-000000000012.safetensors" --checkpoint-dir "$CK/sub/dir"
+if [[ "$before" == "$(snapshot "$CK")" ]]; then
+    ok "the refused runs left the checkpoint directories as they were"
+else
+    bad "a refused run changed the checkpoint directory" "$(diff <(echo "$before") <(snapshot "$CK"))"
+fi
+run "${TRAIN[@]}" --devices cpu:2 --epochs 3 --batch 64 --checkpoint-every 4 --keep 2 --quiet \
+    --resume "$CK/sub/dir" --checkpoint-dir "$CK/sub/dir"
+if [[ $rc -eq 0 && "$(names "$CK/sub/dir")" == "ckpt-000000000020.safetensors ckpt-000000000024.safetensors " ]]; then
+    ok "resuming a directory's newest checkpoint into it continues it"
+else
+    bad "resume into its own --checkpoint-dir: status $rc" "$(names "$CK/sub/dir"; cat "$T/err")"
 fi
 
 # ---- kill -9 part-way, resume, and compare with a run never interrupted ---------------------------
@@ -637,8 +663,6 @@ else
 fi
 
 # ---- --resume that cannot work: one line, the right status, nothing on disk changed ----------
-# snapshot DIR...: the names and checksums of everything under the DIRs
-snapshot() { find "$@" -type f -exec md5sum {} + 2>/dev/null | sort; find "$@" 2>/dev/null | sort; }
 mkdir -p "$T/ck-empty" "$T/ck-bad"
 cp "$SAVED" "$T/ck-bad/ckpt-000000000001.safetensors"
 head -c 3000 "$SAVED" >"$T/ck-bad/ckpt-000000000002.safetensors"

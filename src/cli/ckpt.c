@@ -65,7 +65,8 @@ static int is_regular(int dfd, const char *name)
     return fstatat(dfd, name, &st, 0) == 0 && S_ISREG(st.st_mode);
 }
 
-int cli_ckpt_newest(const char *dir, char *buf, size_t size, char *err, size_t errlen)
+int cli_ckpt_newest(const char *dir, char *buf, size_t size, int64_t *step_out, char *err,
+                    size_t errlen)
 {
     DIR *d = opendir(dir);
     if (!d)
@@ -84,6 +85,8 @@ int cli_ckpt_newest(const char *dir, char *buf, size_t size, char *err, size_t e
         best = step;
     }
     closedir(d);
+    if (step_out)
+        *step_out = best;
     return best >= 0 ? 1 : 0;
 }
 

@@ -32,9 +32,10 @@
 int cli_ckpt_path(char *buf, size_t size, const char *dir, int64_t step);
 
 /* The checkpoint with the largest step among DIR's regular files named
- * ckpt-<digits>.safetensors: 1 and its path in buf, 0 when there is none,
- * -1 when DIR cannot be read. */
-int cli_ckpt_newest(const char *dir, char *buf, size_t size, char *err, size_t errlen);
+ * ckpt-<digits>.safetensors: 1 and its path in buf (its step in *step when
+ * step is not NULL), 0 when there is none, -1 when DIR cannot be read. */
+int cli_ckpt_newest(const char *dir, char *buf, size_t size, int64_t *step, char *err,
+                    size_t errlen);
 
 /* Delete all but the newest `keep` checkpoints named as cli_ckpt_path names
  * them, never the file `spare` (the one just written). Returns the number

@@ -193,9 +193,42 @@ static int make_model(train_run *r)
 
 /* ---- phase 5: where the results go, checked before training ---------------------------- */
 
+/* Checkpoints already in --checkpoint-dir that are not this run's past
+ * would mix with its own: this run would overwrite some of them, prune the
+ * rest by step as if they were its own, and a later --resume DIR would pick
+ * whichever is newest. So a fresh run wants a directory without
+ * checkpoints, and a resumed one none newer than where it resumes. */
+static int check_checkpoint_dir(train_run *r)
+{
+    const char *dir = r->o.checkpoint_dir;
+    char newest[CLI_PATH_MAX], err[CLI_PATH_MAX + 256];
+    int64_t newest_step = -1;
+    int found = cli_ckpt_newest(dir, newest, sizeof newest, &newest_step, err, sizeof err);
+    if (found < 0) {
+        cli_errorf("--checkpoint-dir %s", err);
+        return CLI_EXIT_RUNTIME;
+    }
+    if (found && !r->o.resume) {
+        cli_errorf("--checkpoint-dir %s already holds checkpoints (the newest is %s): continue "
+                   "them with --resume %s, or give an empty or new directory",
+                   dir, newest, dir);
+        return CLI_EXIT_USAGE;
+    }
+    int64_t from = castor_model_step(r->model);
+    if (found && newest_step > from) {
+        cli_errorf("--checkpoint-dir %s holds %s, newer than the step %lld resumed from: this "
+                   "run's checkpoints would mix with it; resume from the newest (--resume %s) or "
+                   "write to another directory",
+                   dir, newest, (long long)from, dir);
+        return CLI_EXIT_USAGE;
+    }
+    return 0;
+}
+
 static int prepare_outputs(train_run *r)
 {
     char err[CLI_PATH_MAX + 256];
+    int rc;
     if (r->o.save) {
         /* --save FILE: its directory must exist; find out now, not after
          * the training. */
@@ -235,6 +268,8 @@ static int prepare_outputs(train_run *r)
             cli_errorf("--checkpoint-dir %s: path too long", r->o.checkpoint_dir);
             return CLI_EXIT_USAGE;
         }
+        if ((rc = check_checkpoint_dir(r)) != 0)
+            return rc;
     }
     return 0;
 }

@@ -98,7 +98,8 @@ static const cli_flag train_flags[F_COUNT + 1] = {
     [F_CHECKPOINT_DIR] = {"checkpoint-dir", "DIR", NULL,
                           "write checkpoints DIR/ckpt-<step, 12 digits>.safetensors (DIR is\n"
                           "created if missing) every --checkpoint-every, at the end of\n"
-                          "training, and when SIGINT or SIGTERM stops it"},
+                          "training, and when SIGINT or SIGTERM stops it; DIR may hold no\n"
+                          "checkpoints but this run's own past (resumed with --resume)"},
     [F_CHECKPOINT_EVERY] = {"checkpoint-every", "N|epoch", "epoch",
                             "a checkpoint every N optimizer steps, or at the end of every\n"
                             "epoch (needs --checkpoint-dir)"},

@@ -106,7 +106,7 @@ int train_resume(train_run *r)
         return CLI_EXIT_RUNTIME;
     }
     if (S_ISDIR(st.st_mode)) {
-        int found = cli_ckpt_newest(from, r->resumed_from, sizeof r->resumed_from, err,
+        int found = cli_ckpt_newest(from, r->resumed_from, sizeof r->resumed_from, NULL, err,
                                     sizeof err);
         if (found < 0) {
             cli_errorf("--resume %s", err);
