@@ -710,6 +710,40 @@ else
         "$(diff <(echo "$before") <(echo "$after"); ls -d "$T/ck-new" "$T/never.safetensors" 2>&1)"
 fi
 
+# ---- a test set that does not fit the model is refused before training -------------------
+# (it was found only after the last epoch, the run lost, with status 1)
+if python3 - "$T" <<'EOF'
+import gzip, os, struct, sys
+root = sys.argv[1]
+def write(d, name, magic, dims, payload):
+    os.makedirs(d, exist_ok=True)
+    with gzip.open(os.path.join(d, name), "wb") as f:
+        f.write(struct.pack(">I", magic) + b"".join(struct.pack(">I", x) for x in dims) + payload)
+def idx_set(d, prefix, n, side, classes):
+    pixels = bytes((7 * i) % 256 for i in range(n * side * side))
+    write(d, prefix + "-images-idx3-ubyte.gz", 0x803, (n, side, side), pixels)
+    write(d, prefix + "-labels-idx1-ubyte.gz", 0x801, (n,), bytes(i % classes for i in range(n)))
+# test images of 4x4 pixels where training has 8x8
+idx_set(root + "/data-feat", "train", 64, 8, 3); idx_set(root + "/data-feat", "t10k", 32, 4, 3)
+# test classes 0..9 where training has 0..2
+idx_set(root + "/data-tlab", "train", 64, 8, 3); idx_set(root + "/data-tlab", "t10k", 32, 8, 10)
+EOF
+then
+    for d in feat tlab; do
+        start=$(date +%s%N)
+        expect_error 2 "a test set that does not fit ($d)" train --data "$T/data-$d" --layers 8:relu,3 \
+            --epochs 1000 --batch 8 --devices cpu --save "$T/never.safetensors"
+        ms=$((($(date +%s%N) - start) / 1000000))
+        if grep -q 'test set' "$T/err" && [[ ! -e "$T/never.safetensors" && $ms -lt 20000 ]]; then
+            ok "refused before training (${ms} ms), nothing saved"
+        else
+            bad "a test set that does not fit ($d): not refused up front (${ms} ms)" "$(cat "$T/err")"
+        fi
+    done
+else
+    bad "python3 could not write the mismatched data sets"
+fi
+
 # ---- a model whose layer spec is long still opens: castor reads back what it wrote ---------
 LONG_LAYERS=$(python3 -c "print(','.join(['16:sigmoid'] * 60 + ['10']))")
 LONG="$T/long.safetensors"

@@ -191,7 +191,31 @@ static int make_model(train_run *r)
     return 0;
 }
 
-/* ---- phase 5: where the results go, checked before training ---------------------------- */
+/* ---- phase 5: the data fits the model, and the results have somewhere to go, checked
+ * before training ------------------------------------------------------------------------ */
+
+/* The test set is used only after training: a mismatch found then would
+ * cost the whole run. (--loss mse checked the classes making its targets.) */
+static int check_data_fits(train_run *r)
+{
+    int features = castor_model_input_features(r->model);
+    if (castor_dataset_features(r->test) != features) {
+        cli_errorf("the test set in %s has %d features per sample, the model takes %d",
+                   r->data_dir, castor_dataset_features(r->test), features);
+        return CLI_EXIT_USAGE;
+    }
+    if (r->o.loss == CASTOR_LOSS_MSE)
+        return 0;
+    int units = castor_model_output_units(r->model);
+    const char *why = "softmax cross-entropy needs a unit per class";
+    int rc;
+    if ((rc = cli_check_labels(r->train, units, "training", r->layers_spec, why)) != 0 ||
+        (rc = cli_check_labels(r->val, units, "validation", r->layers_spec, why)) != 0 ||
+        (rc = cli_check_labels(r->test, units, "test", r->layers_spec, why)) != 0)
+        return rc;
+    return 0;
+}
+
 
 /* Checkpoints already in --checkpoint-dir that are not this run's past
  * would mix with its own: this run would overwrite some of them, prune the
@@ -227,8 +251,10 @@ static int check_checkpoint_dir(train_run *r)
 
 static int prepare_outputs(train_run *r)
 {
+    int rc = check_data_fits(r);
+    if (rc)
+        return rc;
     char err[CLI_PATH_MAX + 256];
-    int rc;
     if (r->o.save) {
         /* --save FILE: its directory must exist; find out now, not after
          * the training. */
@@ -351,7 +377,7 @@ static int evaluate(train_run *r)
     if (rc != CASTOR_OK) {
         cli_errorf("evaluation on the test set failed: %s",
                    cli_why(castor_model_errmsg(r->model), rc));
-        return CLI_EXIT_RUNTIME;
+        return cli_exit_for(rc);
     }
     if (train_stop_signal())
         return train_report_interrupt(r);

@@ -87,20 +87,32 @@ void cli_log_stderr(void *user, castor_log_level level, const char *message)
             message ? message : "");
 }
 
+int cli_check_labels(const castor_dataset *ds, int units, const char *which, const char *what,
+                     const char *why)
+{
+    if (!ds || !castor_dataset_labels(ds))
+        return 0;
+    size_t n = castor_dataset_size(ds);
+    const int32_t *labels = castor_dataset_labels(ds);
+    for (size_t i = 0; i < n; i++) {
+        if (labels[i] < 0 || labels[i] >= units) {
+            cli_errorf("%s: the %s set has class %d but the last layer has %d units (%s)", what,
+                       which, (int)labels[i], units, why);
+            return CLI_EXIT_USAGE;
+        }
+    }
+    return 0;
+}
+
 int cli_one_hot_targets(castor_dataset **ds, int units, const char *which, const char *what)
 {
     if (!*ds || !castor_dataset_labels(*ds))
         return 0;
+    int rc = cli_check_labels(*ds, units, which, what, "one-hot targets need one per class");
+    if (rc)
+        return rc;
     size_t n = castor_dataset_size(*ds);
     const int32_t *labels = castor_dataset_labels(*ds);
-    for (size_t i = 0; i < n; i++) {
-        if (labels[i] < 0 || labels[i] >= units) {
-            cli_errorf("%s: the %s set has class %d but the last layer has %d units (one-hot "
-                       "targets need one per class)",
-                       what, which, (int)labels[i], units);
-            return CLI_EXIT_USAGE;
-        }
-    }
     if (units <= 0 || n > SIZE_MAX / (size_t)units) {
         cli_errorf("%s: the %s set is too large for one-hot targets", what, which);
         return CLI_EXIT_RUNTIME;
@@ -113,8 +125,8 @@ int cli_one_hot_targets(castor_dataset **ds, int units, const char *which, const
     for (size_t i = 0; i < n; i++)
         targets[i * (size_t)units + (size_t)labels[i]] = 1.0f;
     castor_dataset *copy = NULL;
-    int rc = castor_dataset_from_memory(&copy, castor_dataset_x(*ds), n,
-                                        castor_dataset_features(*ds), NULL, targets, units);
+    rc = castor_dataset_from_memory(&copy, castor_dataset_x(*ds), n,
+                                    castor_dataset_features(*ds), NULL, targets, units);
     free(targets);
     if (rc != CASTOR_OK) {
         cli_errorf("%s: cannot make the %s set's one-hot targets: %s", what, which,

@@ -43,6 +43,11 @@ void cli_log_stderr(void *user, castor_log_level level, const char *message);
  * (when it has labels) by a copy carrying them. what names the setting in
  * the messages ("--loss mse", "--model m.safetensors").
  */
+/* Every label of ds (if it has labels) in [0, units): 0, or CLI_EXIT_USAGE
+ * after saying "WHAT: the WHICH set has class C but the last layer has U
+ * units (WHY)". */
+int cli_check_labels(const castor_dataset *ds, int units, const char *which, const char *what,
+                     const char *why);
 int cli_one_hot_targets(castor_dataset **ds, int units, const char *which, const char *what);
 
 /* The end of a text report: flush stdout, so that a full disk or a closed
