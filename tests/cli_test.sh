@@ -688,6 +688,15 @@ expect_error 2 "--checkpoint-every 0" "${TRAIN[@]}" --checkpoint-dir "$T/ck-new"
 expect_error 2 "--checkpoint-every weekly" "${TRAIN[@]}" --checkpoint-dir "$T/ck-new" --checkpoint-every weekly
 expect_error 2 "--keep 0" "${TRAIN[@]}" --checkpoint-dir "$T/ck-new" --keep 0
 expect_error 2 "--save a directory" "${TRAIN[@]}" --epochs 1 --save "$T"
+# Refused before training, the path named once (it was after training, twice).
+mkfifo "$T/fifo"
+for target in /dev/null "$T/fifo"; do
+    expect_error 2 "--save $target (not a regular file)" "${TRAIN[@]}" --epochs 1 --save "$target"
+    if [[ $(grep -o -F -- "$target" "$T/err" | wc -l) -ne 1 ]] || grep -q 'epoch' "$T/err"; then
+        bad "--save $target: the path more than once, or training ran" "$(cat "$T/err")"
+    fi
+done
+rm -f "$T/fifo"
 expect_error 1 "--save into a missing directory" "${TRAIN[@]}" --epochs 1 --save "$T/no-such-dir/m.safetensors"
 expect_error 1 "--checkpoint-dir that is a file" "${TRAIN[@]}" --epochs 1 --checkpoint-dir "$SAVED"
 # A checkpoint that cannot be written stops training with an error (here a

@@ -275,6 +275,12 @@ static int prepare_outputs(train_run *r)
             cli_errorf("--save %s: is a directory (give a file name)", r->o.save);
             return CLI_EXIT_USAGE;
         }
+        /* The library replaces only regular files (a device or a FIFO is
+         * refused when saving): refused now, not after the training. */
+        if (stat(r->o.save, &st) == 0 && !S_ISREG(st.st_mode)) {
+            cli_errorf("--save %s: exists and is not a regular file", r->o.save);
+            return CLI_EXIT_USAGE;
+        }
         if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
             cli_errorf("--save %s: the directory %s does not exist", r->o.save, dir);
             return CLI_EXIT_RUNTIME;
@@ -361,7 +367,8 @@ static int save(train_run *r)
         return 0;
     int rc = castor_model_save(r->model, r->o.save);
     if (rc != CASTOR_OK) {
-        cli_errorf("--save %s: %s", r->o.save, cli_why(castor_model_errmsg(r->model), rc));
+        cli_errorf("--save %s: %s", r->o.save,
+                   cli_why(cli_about_file(castor_model_errmsg(r->model), r->o.save), rc));
         return CLI_EXIT_RUNTIME;
     }
     r->saved = 1;
