@@ -83,6 +83,12 @@ int castor_model_add_dense(castor_model *m, int units, castor_activation act)
         return CASTOR_MISUSE;
     if (m->compiled)
         return castor__model_fail(m, CASTOR_MISUSE, "cannot add layers to a compiled model");
+    /* A failed castor_model_create still hands out the handle, for its
+     * message: nothing is built on it. */
+    if (m->input_features <= 0)
+        return castor__model_fail(m, CASTOR_MISUSE,
+                                  "the model was not created (%d input features)",
+                                  m->input_features);
     if (units <= 0 || units > MAX_UNITS)
         return castor__model_fail(m, CASTOR_INVALID, "layer units must be 1..%d, not %d",
                                   MAX_UNITS, units);
@@ -201,6 +207,10 @@ int castor_model_compile(castor_model *m, castor_strategy *s, castor_loss loss,
         return CASTOR_MISUSE;
     if (!s)
         return castor__model_fail(m, CASTOR_MISUSE, "compile needs a strategy");
+    if (!s->ready)
+        return castor__model_fail(m, CASTOR_MISUSE,
+                                  "compile: the strategy was not created (%s)",
+                                  s->errmsg[0] ? s->errmsg : "castor_strategy_create failed");
     if (m->compiled)
         return castor__model_fail(m, CASTOR_MISUSE, "the model is already compiled");
     if (s->bound)

@@ -152,14 +152,18 @@ int castor__replica_reserve(castor__replica *r, const castor_model *m, int rows)
     size_t parts[ACT_PARTS], total = 0;
     act_parts(m, (size_t)rows, parts);
     for (int i = 0; i < ACT_PARTS; i++)
-        total += parts[i];
+        total = sat_add(total, parts[i]);
     /* Checked before freeing the old buffers, so a failed grow keeps them. */
-    if (dev->used - r->act_bytes + total > dev->budget)
+    size_t others = dev->used - r->act_bytes;  /* what the device holds besides */
+    if (total > dev->budget || others > dev->budget - total)
         return too_big(dev, m, rows, r->mirrored);
 
-    if (r->d_x) {
-        cdev_free(dev, r->d_x, r->act_bytes);
-        r->d_x = NULL;
+    if (r->d_act_arena) {
+        cdev_free(dev, r->d_act_arena, r->act_bytes);
+        r->d_act_arena = NULL;
+        r->d_x = r->d_acts = r->d_delta[0] = r->d_delta[1] = NULL;
+        r->d_targets = r->d_row_stats = NULL;
+        r->d_labels = NULL;
         r->act_bytes = 0;
         r->cap = 0;
     }
@@ -169,6 +173,7 @@ int castor__replica_reserve(castor__replica *r, const castor_model *m, int rows)
     int rc = cdev_alloc(dev, total, &arena);
     if (rc)
         return rc;
+    r->d_act_arena = arena;
     r->act_bytes = total;
     char *p = arena;
     float **slots[ACT_PARTS] = {&r->d_x, &r->d_acts, &r->d_delta[0], &r->d_delta[1], NULL,
@@ -203,8 +208,8 @@ void castor__replica_free(castor__replica *r, const castor_model *m)
         dev->iface->event_destroy(dev, r->input_ready);
     free(r->layer_ready);
     free(r->grad_ready);
-    if (r->d_x)
-        cdev_free(dev, r->d_x, r->act_bytes);
+    if (r->d_act_arena)
+        cdev_free(dev, r->d_act_arena, r->act_bytes);
     if (r->d_params)
         cdev_free(dev, r->d_params, r->param_bytes);
     castor__host_free(&r->h_grads);
@@ -386,8 +391,8 @@ void castor__replica_stats(const castor__replica *r, double *loss_sum, double *c
     const float *s = r->h_row_stats.ptr;
     double l = 0, c = 0;
     for (int i = 0; i < r->rows; i++) {
-        l += s[2 * i];
-        c += s[2 * i + 1];
+        l += s[2 * (size_t)i];
+        c += s[2 * (size_t)i + 1];
     }
     *loss_sum = l;
     *correct = c;

@@ -32,6 +32,9 @@ typedef struct castor__replica {
     int32_t *d_labels;      /* cap */
     float *d_targets;       /* cap x output units (MSE) */
     float *d_row_stats;     /* 2 x cap: loss and correct per row */
+    /* The one allocation the per-row buffers above are carved from, kept on
+     * its own: d_x is NULL where the model has no input features. */
+    void *d_act_arena;
     size_t param_bytes, state_bytes, act_bytes;  /* for cdev_free */
     int cap;
 

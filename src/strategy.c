@@ -163,6 +163,7 @@ int castor_strategy_create(castor_strategy **out, castor_strategy_kind kind, con
     castor__log(s, CASTOR_LOG_INFO, "%s strategy on %d replica(s): %s",
                 castor_strategy_kind_name(kind), s->n_replicas, s->devices_spec);
     warn_blas_oversubscription(s);
+    s->ready = 1;
     return CASTOR_OK;
 }
 
@@ -246,7 +247,9 @@ void castor__runtime_free(castor_model *m)
 int castor__runtime_ensure_rows(castor_model *m, int rows)
 {
     castor__runtime *rt = m->rt;
-    int per = (rows + rt->n - 1) / rt->n;
+    /* rows / n rounded up, without rows + n - 1 (which overflows near
+     * INT_MAX and would skip the growth). */
+    int per = rows / rt->n + (rows % rt->n != 0);
     if (per <= rt->rows_capacity)
         return CASTOR_OK;
     for (int i = 0; i < rt->n; i++) {

@@ -58,6 +58,10 @@ struct castor_strategy {
     castor__pool *replica_pool;   /* one thread per replica, thread i runs replica i */
     castor__pool *host_pool;      /* reduction and optimizer threads */
     castor_model *bound;       /* the model compiled on this strategy */
+    /* Set only when castor_strategy_create succeeded: a failed create still
+     * hands out the handle (for its message), and a model must not be
+     * compiled on what it left half made. */
+    int ready;
     char errmsg[512];
 };
 

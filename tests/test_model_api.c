@@ -157,3 +157,45 @@ Test(model_api, a_gpu_named_twice_is_refused_before_anything_opens)
         castor_strategy_free(s);
     }
 }
+
+Test(model_api, a_failed_strategy_cannot_be_compiled_on)
+{
+    /* castor_strategy_create hands out the handle on failure, for its
+     * message; compiling on it crashed (no replicas: a division by zero;
+     * an unknown kind: no operations). */
+    struct {
+        castor_strategy_kind kind;
+        const char *devices;
+    } bad[] = {{CASTOR_STRATEGY_CENTRAL, "gpu0"},
+               {(castor_strategy_kind)7, "cpu"},
+               {CASTOR_STRATEGY_MIRRORED, ""}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        castor_strategy *s = NULL;
+        cr_assert_neq(castor_strategy_create(&s, bad[i].kind, bad[i].devices, NULL), CASTOR_OK);
+        cr_assert(s, "the failed create hands out its handle");
+        castor_model *m = NULL;
+        cr_assert_eq(castor_model_create(&m, F), CASTOR_OK);
+        cr_assert_eq(castor_model_add_layers(m, "3"), CASTOR_OK);
+        cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 1), CASTOR_MISUSE,
+                     "'%s': %s", bad[i].devices, castor_model_errmsg(m));
+        cr_assert(strstr(castor_model_errmsg(m), "not created"), "%s", castor_model_errmsg(m));
+        float x[F] = {0}, out[3];
+        cr_assert_neq(castor_model_predict(m, x, 1, 1, out), CASTOR_OK);
+        castor_model_free(m);
+        castor_strategy_free(s);
+    }
+}
+
+Test(model_api, a_failed_model_create_builds_nothing)
+{
+    /* The handle of a failed create took layers (with 0 inputs), compiled,
+     * and then failed at predict with a NULL GEMM buffer. */
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_create(&m, 0), CASTOR_INVALID);
+    cr_assert(m);
+    cr_assert_eq(castor_model_add_dense(m, 4, CASTOR_ACT_RELU), CASTOR_MISUSE);
+    cr_assert(strstr(castor_model_errmsg(m), "not created"), "%s", castor_model_errmsg(m));
+    cr_assert_eq(castor_model_add_layers(m, "4:relu,3"), CASTOR_MISUSE);
+    cr_assert_eq(castor_model_num_layers(m), 0);
+    castor_model_free(m);
+}

@@ -4,6 +4,7 @@
  * argument errors and the device memory budget.
  */
 #include <criterion/criterion.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -368,6 +369,29 @@ Test(train, failed_grow_leaves_replicas_usable)
     /* The small batch that worked before must work again. */
     cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m));
     castor_dataset_free(ds);
+    castor_model_free(m);
+    castor_strategy_free(s);
+}
+
+Test(train, rows_near_int_max_grow_the_buffers_or_fail)
+{
+    /* (rows + n - 1) / n overflowed for rows near INT_MAX: the replicas
+     * were said to hold enough rows without growing (and a batch that size
+     * was then copied into one-row buffers). Now the growth is asked for,
+     * and refused by the 1 GiB budget of the emulated devices. */
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu:2", NULL), CASTOR_OK);
+    castor_model *m = NULL;
+    castor_model_create(&m, F);
+    castor_model_add_layers(m, "8:relu,3");
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 1), CASTOR_OK);
+    float x[2 * F] = {0}, out[2 * 3];
+    cr_assert_eq(castor_model_predict(m, x, 2, 2, out), CASTOR_OK, "%s", castor_model_errmsg(m));
+    int rc = castor__runtime_ensure_rows(m, INT_MAX);
+    cr_assert_eq(rc, CASTOR_DEVICE_MEMORY, "rc %d (capacity %d rows): %s", rc,
+                 m->rt->rows_capacity, castor_model_errmsg(m));
+    /* The model still works at the size it had. */
+    cr_assert_eq(castor_model_predict(m, x, 2, 2, out), CASTOR_OK, "%s", castor_model_errmsg(m));
     castor_model_free(m);
     castor_strategy_free(s);
 }

@@ -258,8 +258,8 @@ static int cpu_softmax_xent(cdev *dev, const float *logits, const int32_t *label
         float log_sum = logf(sum);
         /* mx - l[label] first: two nearby large logits subtract exactly,
          * where (log_sum + mx) would round log_sum away at |logit| ~ 1e4. */
-        row_stats[2 * r] = log_sum + (mx - l[label]);
-        row_stats[2 * r + 1] = best == label ? 1.0f : 0.0f;
+        row_stats[2 * (size_t)r] = log_sum + (mx - l[label]);
+        row_stats[2 * (size_t)r + 1] = best == label ? 1.0f : 0.0f;
         if (dlogits) {
             float *d = dlogits + (size_t)r * (size_t)cols;
             for (int c = 0; c < cols; c++)
@@ -286,8 +286,8 @@ static int cpu_mse(cdev *dev, const float *pred, const float *target, int rows, 
             if (dpred)
                 dpred[(size_t)r * (size_t)cols + (size_t)c] = g * diff;
         }
-        row_stats[2 * r] = s / (float)cols;
-        row_stats[2 * r + 1] = 0.0f;
+        row_stats[2 * (size_t)r] = s / (float)cols;
+        row_stats[2 * (size_t)r + 1] = 0.0f;
     }
     return CASTOR_OK;
 }
