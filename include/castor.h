@@ -263,7 +263,11 @@ typedef struct castor_progress {
 } castor_progress;
 
 /* Return non-zero to stop training after the current step (fit then
- * returns CASTOR_INTERRUPTED with the model in a consistent state). */
+ * returns CASTOR_INTERRUPTED with the model in a consistent state). The
+ * callback may read the model (get_params, step, ...) and save it; fit,
+ * evaluate, predict, set_params and load on the same model return
+ * CASTOR_MISUSE until fit returns, and freeing the model's strategy makes
+ * fit stop with CASTOR_MISUSE. */
 typedef int (*castor_progress_fn)(void *user, const castor_progress *progress);
 
 typedef struct castor_fit_options {

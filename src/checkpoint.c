@@ -508,8 +508,11 @@ int castor_model_load(castor_model *m, const char *path)
         return castor__model_fail(m, CASTOR_MISUSE, "load: no file name given");
     if (!m->compiled || !m->strategy)
         return castor__model_fail(m, CASTOR_MISUSE, "%s: load needs a compiled model", path);
+    int rc = castor__model_not_fitting(m, "load");
+    if (rc)
+        return rc;
     castor__st_file f;
-    int rc = castor__st_read(path, &f, m->errmsg, sizeof m->errmsg);
+    rc = castor__st_read(path, &f, m->errmsg, sizeof m->errmsg);
     if (!rc)
         rc = load_parsed(m, &f, path);
     castor__st_free(&f);

@@ -39,6 +39,16 @@ int castor__model_ready(castor_model *m, const char *what)
     return CASTOR_OK;
 }
 
+int castor__model_not_fitting(castor_model *m, const char *what)
+{
+    if (m->fitting)
+        return castor__model_fail(m, CASTOR_MISUSE,
+                                  "%s: called from inside fit's progress callback (the callback "
+                                  "may read and save the model, not run or change it)",
+                                  what);
+    return CASTOR_OK;
+}
+
 int castor_model_create(castor_model **out, int input_features)
 {
     if (!out)
@@ -346,6 +356,9 @@ int castor_model_set_params(castor_model *m, const float *src, size_t count)
         return CASTOR_MISUSE;
     if (!m->compiled || !m->strategy)
         return castor__model_fail(m, CASTOR_MISUSE, "set_params: the model is not compiled");
+    int rc = castor__model_not_fitting(m, "set_params");
+    if (rc)
+        return rc;
     if (count != m->n_params)
         return castor__model_fail(m, CASTOR_INVALID, "set_params: count %zu, model has %zu",
                                   count, m->n_params);
@@ -354,7 +367,7 @@ int castor_model_set_params(castor_model *m, const float *src, size_t count)
             return castor__model_fail(m, CASTOR_INVALID, "set_params: value %zu is not finite",
                                       i);
     /* The optimizer state must be current before the push sends it back. */
-    int rc = m->inconsistent ? CASTOR_OK : m->strategy->ops->pull(m);
+    rc = m->inconsistent ? CASTOR_OK : m->strategy->ops->pull(m);
     if (rc)
         return rc;
     memcpy(m->params.ptr, src, count * sizeof(float));

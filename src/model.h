@@ -55,6 +55,10 @@ struct castor_model {
      * cannot roll back (mirrored): the replicas may disagree. */
     int inconsistent;
 
+    /* Inside castor_model_fit: its progress callback may read and save the
+     * model, not run, change or reload it under the running loop. */
+    int fitting;
+
     struct castor__runtime *rt;  /* the strategy's per-model state */
     char errmsg[512];
 };
@@ -63,6 +67,8 @@ int castor__model_fail(castor_model *m, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Checks shared by fit/evaluate/predict: compiled, consistent. */
 int castor__model_ready(castor_model *m, const char *what);
+/* CASTOR_MISUSE, said on m, when called from fit's progress callback. */
+int castor__model_not_fitting(castor_model *m, const char *what);
 /* Glorot-uniform kernels and zero biases from the seed (src/rng.h). */
 void castor__model_init_params(const castor_model *m, float *params);
 

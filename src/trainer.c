@@ -134,7 +134,8 @@ int castor_model_evaluate(castor_model *m, const castor_dataset *ds, int batch,
     if (!m || !out)
         return CASTOR_MISUSE;
     int rc;
-    if ((rc = castor__model_ready(m, "evaluate")) || (rc = check_data(m, ds, "evaluate")) ||
+    if ((rc = castor__model_not_fitting(m, "evaluate")) ||
+        (rc = castor__model_ready(m, "evaluate")) || (rc = check_data(m, ds, "evaluate")) ||
         (rc = check_batch(m, batch, "evaluate")))
         return rc;
     return evaluate(m, ds, batch, out);
@@ -145,7 +146,8 @@ int castor_model_predict(castor_model *m, const float *x, size_t n, int batch, f
     if (!m || !x || !out)
         return CASTOR_MISUSE;
     int rc;
-    if ((rc = castor__model_ready(m, "predict")) || (rc = check_batch(m, batch, "predict")))
+    if ((rc = castor__model_not_fitting(m, "predict")) ||
+        (rc = castor__model_ready(m, "predict")) || (rc = check_batch(m, batch, "predict")))
         return rc;
     if (n == 0)
         return CASTOR_OK;
@@ -192,7 +194,8 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
     castor_fit_options defaults = CASTOR_FIT_OPTIONS_INIT;
     const castor_fit_options *o = options ? options : &defaults;
     int rc;
-    if ((rc = castor__model_ready(m, "fit")) || (rc = check_data(m, train, "fit")))
+    if ((rc = castor__model_not_fitting(m, "fit")) || (rc = castor__model_ready(m, "fit")) ||
+        (rc = check_data(m, train, "fit")))
         return rc;
     if (o->epochs <= 0)
         return castor__model_fail(m, CASTOR_INVALID, "fit: epochs must be positive, not %d",
@@ -228,6 +231,7 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
         return castor__model_fail(m, CASTOR_NOMEM, "fit: out of host memory");
     }
 
+    m->fitting = 1;
     double t0 = castor__now();
     int64_t steps_done = 0;
     castor_metrics epoch_metrics = {NAN, NAN, 0};
@@ -285,12 +289,19 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
             p.seconds = castor__now() - t0;
             if (o->progress && o->progress(o->progress_user, &p))
                 stop = 1;
+            if (!m->strategy) {  /* the callback freed it: the model is detached */
+                rc = castor__model_fail(m, CASTOR_MISUSE,
+                                        "fit: the strategy was freed during the progress "
+                                        "callback");
+                break;
+            }
             if (o->max_steps && steps_done >= o->max_steps)
                 stop = 1;
             if (stop || last_of_epoch)
                 break;
         }
     }
+    m->fitting = 0;
     staging_free(&st);
     free(perm);
     if (last_epoch)

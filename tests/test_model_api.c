@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "castor.h"
+#include "support.h"
 
 #define N 48
 #define F 6
@@ -198,4 +199,86 @@ Test(model_api, a_failed_model_create_builds_nothing)
     cr_assert_eq(castor_model_add_layers(m, "4:relu,3"), CASTOR_MISUSE);
     cr_assert_eq(castor_model_num_layers(m), 0);
     castor_model_free(m);
+}
+
+/* ---- the progress callback calling back into the model ---- */
+
+typedef struct reentry {
+    castor_model *m;
+    castor_dataset *ds;
+    castor_strategy *s;
+    int free_strategy_at;  /* 0: never */
+    int calls, refused, saved;
+} reentry;
+
+static int reenter(void *user, const castor_progress *p)
+{
+    reentry *r = user;
+    r->calls++;
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.batch_size = 8;
+    castor_metrics met;
+    float x[F] = {0}, out[3];
+    size_t n = castor_model_num_params(r->m);
+    float *params = malloc(n * sizeof *params);
+    cr_assert(params);
+    /* Reading and saving are fine; running, changing or reloading are not
+     * (a nested fit trained the next epoch on this one's shuffle). */
+    cr_assert_eq(castor_model_get_params(r->m, params, n), CASTOR_OK, "%s",
+                 castor_model_errmsg(r->m));
+    char path[SUPPORT_PATH_LEN];
+    support_path_in(path, "in-callback.safetensors");
+    r->saved += castor_model_save(r->m, path) == CASTOR_OK;
+    r->refused += castor_model_fit(r->m, r->ds, &fo, &met) == CASTOR_MISUSE;
+    r->refused += castor_model_evaluate(r->m, r->ds, 8, &met) == CASTOR_MISUSE;
+    r->refused += castor_model_predict(r->m, x, 1, 1, out) == CASTOR_MISUSE;
+    r->refused += castor_model_set_params(r->m, params, n) == CASTOR_MISUSE;
+    r->refused += castor_model_load(r->m, path) == CASTOR_MISUSE;
+    cr_assert(strstr(castor_model_errmsg(r->m), "progress callback"), "%s",
+              castor_model_errmsg(r->m));
+    free(params);
+    if (r->free_strategy_at && p->global_step == r->free_strategy_at) {
+        castor_strategy_free(r->s);
+        r->s = NULL;
+    }
+    return 0;
+}
+
+Test(model_api, the_progress_callback_may_read_and_save_not_run_or_change,
+     .init = support_dir_init, .fini = support_dir_fini)
+{
+    for (int free_at = 0; free_at <= 2; free_at += 2) {
+        castor_strategy *s = NULL;
+        cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu:2", NULL),
+                     CASTOR_OK);
+        castor_dataset *ds = small_dataset();
+        castor_model *m = compiled(s, "5:relu,3");
+        reentry r = {m, ds, s, free_at, 0, 0, 0};
+        castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+        fo.epochs = 2;
+        fo.batch_size = 8;
+        fo.progress = reenter;
+        fo.progress_user = &r;
+        int rc = castor_model_fit(m, ds, &fo, NULL);
+        if (free_at) {
+            /* Freed under the loop: fit stops there (it dereferenced the
+             * freed strategy). */
+            cr_assert_eq(rc, CASTOR_MISUSE, "rc %d: %s", rc, castor_model_errmsg(m));
+            cr_assert(strstr(castor_model_errmsg(m), "freed"), "%s", castor_model_errmsg(m));
+            cr_assert_eq(r.calls, free_at);
+        } else {
+            cr_assert_eq(rc, CASTOR_OK, "%s", castor_model_errmsg(m));
+            cr_assert_eq(r.calls, 2 * N / 8);
+            cr_assert_eq(castor_model_step(m), 2 * N / 8, "nothing nested trained");
+            /* After fit returns, the model runs again. */
+            castor_metrics met;
+            cr_assert_eq(castor_model_evaluate(m, ds, 8, &met), CASTOR_OK, "%s",
+                         castor_model_errmsg(m));
+        }
+        cr_assert_eq(r.refused, 5 * r.calls);
+        cr_assert_eq(r.saved, r.calls);
+        castor_model_free(m);
+        castor_strategy_free(r.s);
+        castor_dataset_free(ds);
+    }
 }
