@@ -115,7 +115,7 @@ static int parse_float(const char *s, float *out)
         return -1;
     char *end = NULL;
     errno = 0;
-    float v = strtof(s, &end);
+    float v = castor__strtof_c(s, &end);
     if (*end || errno == ERANGE || v != v || v - v != 0.0f)
         return -1;
     *out = v;
@@ -638,6 +638,9 @@ int castor_model_save(castor_model *m, const char *path)
 #define META_F(name, ...)                                                              \
     (snprintf(vals[k], sizeof vals[k], __VA_ARGS__), meta[k].key = (name),             \
      meta[k].value = vals[k], k++)
+#define META_G(name, x)                                                                \
+    (castor__format_g9(vals[k], sizeof vals[k], (double)(x)), meta[k].key = (name),    \
+     meta[k].value = vals[k], k++)
     const castor_optimizer *o = &m->opt;
     META_S("format", CKPT_FORMAT);
     META_S("castor_version", castor_version());
@@ -645,13 +648,13 @@ int castor_model_save(castor_model *m, const char *path)
     META_S("layers", spec);
     META_S("loss", loss_name(m->loss));
     META_S("optimizer", castor_optimizer_kind_name(o->kind));
-    META_F("learning_rate", "%.9g", (double)o->learning_rate);
-    META_F("momentum", "%.9g", (double)o->momentum);
+    META_G("learning_rate", o->learning_rate);
+    META_G("momentum", o->momentum);
     META_F("nesterov", "%d", o->nesterov ? 1 : 0);
-    META_F("beta1", "%.9g", (double)o->beta1);
-    META_F("beta2", "%.9g", (double)o->beta2);
-    META_F("epsilon", "%.9g", (double)o->epsilon);
-    META_F("weight_decay", "%.9g", (double)o->weight_decay);
+    META_G("beta1", o->beta1);
+    META_G("beta2", o->beta2);
+    META_G("epsilon", o->epsilon);
+    META_G("weight_decay", o->weight_decay);
     META_F("seed", "%" PRIu64, m->seed);
     META_F("step", "%" PRId64, m->step);
     META_F("epoch", "%" PRId64, m->epoch);
@@ -663,6 +666,7 @@ int castor_model_save(castor_model *m, const char *path)
     META_F("replicas", "%d", m->strategy->n_replicas);
     META_F("crc32", "%08" PRIx32, crc);
 #undef META_S
+#undef META_G
 #undef META_F
 
     rc = castor__st_write(path, outs, n, meta, k, m->errmsg, sizeof m->errmsg);

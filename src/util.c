@@ -2,8 +2,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <locale.h>
 #include <stdarg.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
 #include <sys/stat.h>
@@ -82,4 +84,25 @@ int castor__open_regular(const char *path, const char *kind, struct stat *st, ch
     }
     close(fd);
     return -1;
+}
+
+void castor__format_g9(char *buf, size_t size, double v)
+{
+    locale_t c = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+    locale_t old = c ? uselocale(c) : (locale_t)0;
+    snprintf(buf, size, "%.9g", v);
+    if (c) {
+        uselocale(old);
+        freelocale(c);
+    }
+}
+
+float castor__strtof_c(const char *s, char **end)
+{
+    locale_t c = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+    if (!c)
+        return strtof(s, end);  /* out of memory: the caller's locale */
+    float v = strtof_l(s, end, c);
+    freelocale(c);
+    return v;
 }

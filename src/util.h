@@ -24,6 +24,12 @@ struct stat;
 int castor__open_regular(const char *path, const char *kind, struct stat *st, char *err,
                          size_t errlen);
 
+/* Numbers in files are written and read in the C locale whatever locale
+ * the application set (setlocale is process-wide; these switch only the
+ * calling thread, for the call): "%.9g" of v into buf, and strtof. */
+void castor__format_g9(char *buf, size_t size, double v);
+float castor__strtof_c(const char *s, char **end);
+
 /* a * b into *out unless it overflows size_t; returns 0 on overflow. */
 int castor__mul_ok(size_t a, size_t b, size_t *out);
 

@@ -6,6 +6,7 @@
  */
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <locale.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,6 +136,71 @@ Test(checkpoint, plain_sgd_has_no_slots)
     support_rmrf(dir);
     free(dir);
     free(path);
+}
+
+/* ---- the application's locale -------------------------------------------------------- */
+
+/* A locale whose decimal point is a comma, compiled into dir (Debian's
+ * `locales` package has the source; scripts/install-deps installs it). */
+static void use_comma_locale(const char *dir)
+{
+    char cmd[4400];
+    snprintf(cmd, sizeof cmd, "localedef -i de_DE -f UTF-8 '%s/de_DE.UTF-8' >/dev/null 2>&1", dir);
+    int rc = system(cmd);
+    cr_assert(rc != -1, "cannot run localedef");
+    cr_assert_eq(setenv("LOCPATH", dir, 1), 0);
+    cr_assert(setlocale(LC_ALL, "de_DE.UTF-8"), "localedef made no de_DE.UTF-8 in %s (status %d; "
+              "is Debian's locales package installed?)", dir, rc);
+    cr_assert_str_eq(localeconv()->decimal_point, ",");
+}
+
+Test(checkpoint, files_do_not_depend_on_the_locale)
+{
+    /* Written under a comma locale, the floats in the metadata read
+     * "0,00100000005" and a program in the C locale could not load them
+     * (nor the reverse). */
+    char *dir = support_tmpdir();
+    char *comma = ckpt_path_in(dir, "comma.safetensors");
+    char *plain = ckpt_path_in(dir, "plain.safetensors");
+    castor_dataset *ds = ckpt_synthetic();
+    castor_strategy *s = ckpt_make_strategy(CASTOR_STRATEGY_CENTRAL, "cpu");
+    castor_model *m = ckpt_make_model(s, LAYERS, ckpt_make_opt(CASTOR_OPT_ADAMW), 5);
+    ckpt_train_steps(m, ds, 3);
+    cr_assert_eq(castor_model_save(m, plain), CASTOR_OK, "%s", castor_model_errmsg(m));
+    snap a = ckpt_take(m);
+
+    use_comma_locale(dir);
+    cr_assert_eq(castor_model_save(m, comma), CASTOR_OK, "%s", castor_model_errmsg(m));
+    size_t len_plain, len_comma;
+    unsigned char *b_plain = ckpt_slurp(plain, &len_plain);
+    unsigned char *b_comma = ckpt_slurp(comma, &len_comma);
+    cr_assert(len_plain == len_comma && memcmp(b_plain, b_comma, len_plain) == 0,
+              "the file written under the comma locale differs from the C locale's");
+    castor_strategy *s2 = ckpt_make_strategy(CASTOR_STRATEGY_CENTRAL, "cpu");
+    castor_model *m2 = NULL;
+    cr_assert_eq(castor_model_open(&m2, plain, s2), CASTOR_OK, "%s", castor_model_errmsg(m2));
+    snap b = ckpt_take(m2);
+    ckpt_assert_same(&a, &b, "opened under the comma locale");
+
+    setlocale(LC_ALL, "C");
+    cr_assert_eq(castor_model_load(m2, comma), CASTOR_OK, "%s", castor_model_errmsg(m2));
+    ckpt_snap_free(&b);
+    b = ckpt_take(m2);
+    ckpt_assert_same(&a, &b, "written under the comma locale, loaded under C");
+
+    ckpt_snap_free(&a);
+    ckpt_snap_free(&b);
+    free(b_plain);
+    free(b_comma);
+    castor_model_free(m2);
+    castor_strategy_free(s2);
+    castor_model_free(m);
+    castor_strategy_free(s);
+    castor_dataset_free(ds);
+    support_rmrf(dir);
+    free(dir);
+    free(comma);
+    free(plain);
 }
 
 /* ---- exact resume -------------------------------------------------------------------- */
