@@ -3,6 +3,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -95,13 +96,24 @@ int castor__pool_create(int nthreads, castor__pool **out)
         goto fail_ready;
     if (pthread_cond_init(&pool->work_done, NULL))
         goto fail_done;
-    for (int i = 0; i < nthreads; i++) {
-        workers[i].pool = pool;
-        workers[i].index = i;
-        if (pthread_create(&workers[i].thread, NULL, worker_main, &workers[i])) {
-            pool_destroy(pool, i);
-            return CASTOR_ERROR;
-        }
+    /* The workers start with every signal blocked (a thread inherits its
+     * creator's mask): a signal meant for the application (SIGINT, or one it
+     * waits for with sigwait) then goes to one of its own threads, never
+     * runs a handler on a library thread. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int made = 0;
+    for (; made < nthreads; made++) {
+        workers[made].pool = pool;
+        workers[made].index = made;
+        if (pthread_create(&workers[made].thread, NULL, worker_main, &workers[made]))
+            break;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (made < nthreads) {
+        pool_destroy(pool, made);
+        return CASTOR_ERROR;
     }
     *out = pool;
     return CASTOR_OK;

@@ -662,6 +662,42 @@ else
         "$(ls "$TD" 2>&1; tail -n 3 "$T/err")"
 fi
 
+# ---- a second SIGINT while the interrupt checkpoint is written waits for it -----------------
+# (it killed castor mid-write: no checkpoint, a temporary file left for ever).
+# No periodic checkpoint: the only file written is the interrupt's.
+ID="$T/ck-insist"
+: >"$T/err"
+"$BIN" train --data "$DATA" --layers 2048:relu,2048:relu,10 --devices cpu:2 --batch 64 \
+    --epochs 100000 --seed 1 --checkpoint-dir "$ID" --checkpoint-every 1000000 >"$T/out" 2>"$T/err" &
+BGPID=$!
+waited=0
+while ! grep -q '^epoch 1/' "$T/err" 2>/dev/null; do
+    if ! kill -0 "$BGPID" 2>/dev/null || [[ $waited -ge 1200 ]]; then break; fi
+    sleep 0.05
+    waited=$((waited + 1))
+done
+kill -INT "$BGPID" 2>/dev/null
+# The second one as soon as the checkpoint's temporary file appears.
+seen_tmp=0
+for _ in $(seq 1 4000); do
+    if compgen -G "$ID/ckpt-*.safetensors.tmp.*" >/dev/null; then seen_tmp=1; break; fi
+    kill -0 "$BGPID" 2>/dev/null || break
+    sleep 0.005
+done
+kill -INT "$BGPID" 2>/dev/null
+wait "$BGPID"
+rc=$?
+BGPID=""
+left=$(find "$ID" -name '*.tmp.*' 2>/dev/null)
+saved=$(sed -n 's/^castor: interrupted after step [0-9]*; checkpoint saved to //p' "$T/err")
+if [[ $seen_tmp -eq 1 && $rc -eq 130 && -z "$left" && -s "$saved" ]] &&
+    "$BIN" eval --model "$saved" --data "$DATA" --quiet >/dev/null 2>&1; then
+    ok "a second SIGINT during the interrupt checkpoint -> 130, the checkpoint whole"
+else
+    bad "second SIGINT during the checkpoint: status $rc, temporary file seen $seen_tmp, left '$left', saved '$saved'" \
+        "$(tail -n 3 "$T/err"; ls -la "$ID" 2>&1)"
+fi
+
 # ---- --resume that cannot work: one line, the right status, nothing on disk changed ----------
 mkdir -p "$T/ck-empty" "$T/ck-bad"
 cp "$SAVED" "$T/ck-bad/ckpt-000000000001.safetensors"

@@ -4,6 +4,7 @@
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -72,6 +73,48 @@ static void barrier_task(void *ctx, int index, int count)
 
 /* Every worker waits for all the others: this only returns if they run at
  * the same time. */
+/* Each worker notes whether SIGINT and SIGTERM are blocked on it. */
+typedef struct mask_record {
+    pthread_t caller;
+    atomic_int workers, blocked;
+} mask_record;
+
+static void mask_task(void *ctx, int index, int count)
+{
+    (void)index;
+    (void)count;
+    mask_record *rec = ctx;
+    if (pthread_equal(pthread_self(), rec->caller))
+        return;
+    sigset_t cur;
+    pthread_sigmask(SIG_BLOCK, NULL, &cur);
+    atomic_fetch_add(&rec->workers, 1);
+    if (sigismember(&cur, SIGINT) == 1 && sigismember(&cur, SIGTERM) == 1)
+        atomic_fetch_add(&rec->blocked, 1);
+}
+
+Test(pool, workers_block_signals_the_caller_does_not)
+{
+    /* A SIGINT meant for the application ran its handler on a library
+     * thread (the CLI's "second Ctrl-C kills" then fired there while the
+     * main thread was writing a checkpoint). */
+    sigset_t none, before, after;
+    sigemptyset(&none);
+    pthread_sigmask(SIG_SETMASK, &none, &before);
+    castor__pool *pool;
+    cr_assert_eq(castor__pool_create(TEAM, &pool), CASTOR_OK);
+    pthread_sigmask(SIG_BLOCK, NULL, &after);
+    cr_assert_eq(sigismember(&after, SIGINT), 0, "the caller's mask is its own again");
+    mask_record rec = {pthread_self(), 0, 0};
+    castor__pool_run(pool, mask_task, &rec);
+    int workers = atomic_load(&rec.workers), blocked = atomic_load(&rec.blocked);
+    cr_assert_gt(workers, 0, "no task ran on a worker");
+    cr_assert_eq(blocked, workers, "%d of %d workers take SIGINT/SIGTERM", workers - blocked,
+                 workers);
+    castor__pool_free(pool);
+    pthread_sigmask(SIG_SETMASK, &before, NULL);
+}
+
 Test(pool, workers_run_concurrently, .timeout = 20)
 {
     castor__pool *pool;

@@ -365,7 +365,7 @@ static int save(train_run *r)
 {
     if (!r->o.save)
         return 0;
-    int rc = castor_model_save(r->model, r->o.save);
+    int rc = train_save_whole(r->model, r->o.save);
     if (rc != CASTOR_OK) {
         cli_errorf("--save %s: %s", r->o.save,
                    cli_why(cli_about_file(castor_model_errmsg(r->model), r->o.save), rc));

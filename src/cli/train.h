@@ -101,6 +101,9 @@ int train_on_progress(void *user, const castor_progress *p);
 /* Write DIR/ckpt-<step>.safetensors, then prune the old ones; 0 or -1 with
  * r->ckpt_error set. */
 int train_write_checkpoint(train_run *r);
+/* castor_model_save, with a second SIGINT/SIGTERM during the write held
+ * back until the file is complete (it kills at once otherwise). */
+int train_save_whole(castor_model *m, const char *path);
 /* After a stop signal: keep what was trained, say where; 128 + the signal. */
 int train_report_interrupt(train_run *r);
 

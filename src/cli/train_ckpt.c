@@ -18,20 +18,46 @@
 /* ---- signals: stop after the current step --------------------------------- */
 
 static volatile sig_atomic_t g_stop_signal = 0;
+/* A model file is being written (or the run is stopping and writes its last
+ * one): a second signal then waits for the file to be whole, instead of
+ * leaving its temporary file behind. Any thread may take the signal (the
+ * process's OpenBLAS and CUDA threads too), so this is a flag the handler
+ * reads, not a signal mask. */
+static volatile sig_atomic_t g_writing = 0, g_insisted = 0;
+
+static void die_by(int sig)
+{
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL);
+    raise(sig);
+}
 
 static void on_stop_signal(int sig)
 {
     if (g_stop_signal) {
-        /* A second one: the user insists; die the default way now. */
-        struct sigaction dfl;
-        memset(&dfl, 0, sizeof dfl);
-        dfl.sa_handler = SIG_DFL;
-        sigemptyset(&dfl.sa_mask);
-        sigaction(sig, &dfl, NULL);
-        raise(sig);
+        /* A second one: the user insists; die the default way now, or as
+         * soon as the file being written is complete. */
+        if (g_writing)
+            g_insisted = sig;
+        else
+            die_by(sig);
         return;
     }
     g_stop_signal = sig;
+}
+
+int train_save_whole(castor_model *m, const char *path)
+{
+    int was_writing = g_writing;
+    g_writing = 1;
+    int rc = castor_model_save(m, path);
+    g_writing = was_writing;
+    if (g_insisted && !g_writing)
+        die_by(g_insisted);
+    return rc;
 }
 
 void train_install_stop_handlers(void)
@@ -69,7 +95,7 @@ int train_write_checkpoint(train_run *r)
                  r->o.checkpoint_dir);
         return -1;
     }
-    int rc = castor_model_save(r->model, path);
+    int rc = train_save_whole(r->model, path);
     if (rc != CASTOR_OK) {
         snprintf(r->ckpt_error, sizeof r->ckpt_error,
                  "cannot write the checkpoint %s: %s (training stopped at step %lld)", path,
@@ -115,6 +141,9 @@ int train_on_progress(void *user, const castor_progress *p)
 int train_report_interrupt(train_run *r)
 {
     int sig = g_stop_signal;
+    /* Stopping already: a further signal changes nothing but must not cut
+     * the last checkpoint short. */
+    g_writing = 1;
     cli_progress_finish(&r->progress);
     if (!r->model) {
         fprintf(stderr, "castor: interrupted before training\n");
