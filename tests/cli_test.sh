@@ -121,6 +121,23 @@ else
     bad "castor --version: status $rc" "$(cat "$T/out" "$T/err")"
 fi
 
+expect_error 2 "castor version with an argument" version extra
+expect_error 2 "castor --version with an argument" --version junk
+
+# Output that cannot be written is a failure (status 1 and a message), not 0.
+if [[ -w /dev/full ]]; then
+    for how in "info" "info --json" "version" "--help" "help train" "train --help" "eval --help"; do
+        # shellcheck disable=SC2086
+        timeout 60 "$BIN" $how >/dev/full 2>"$T/err"
+        rc=$?
+        if [[ $rc -eq 1 ]] && grep -q '^castor: .*cannot write' "$T/err"; then
+            ok "castor $how >/dev/full -> 1"
+        else
+            bad "castor $how >/dev/full: status $rc" "$(cat "$T/err")"
+        fi
+    done
+fi
+
 TRAIN_FLAGS=(--data --layers --optimizer --lr --momentum --nesterov --weight-decay --epochs
     --batch --strategy --devices --seed --loss --validation-split --device-memory
     --host-threads --tf32 --json --quiet --verbose --help --save --checkpoint-dir

@@ -6,6 +6,7 @@
 #include "castor.h"
 #include "args.h"
 #include "cli.h"
+#include "common.h"
 #include "json.h"
 
 enum { F_JSON, F_COUNT };
@@ -150,7 +151,7 @@ int castor_cli_info(int argc, char **argv)
     int count = castor_cuda_device_count(&why);
     if (count <= 0) {
         printf("no GPU: %s\n", why && why[0] ? why : "none found");
-        return CLI_EXIT_OK;
+        return cli_flush_results("info");
     }
     printf("gpus: %d\n", count);
     for (int i = 0; i < count; i++) {
@@ -165,5 +166,5 @@ int castor_cli_info(int argc, char **argv)
                gib(info.total_memory), info.compute_major, info.compute_minor,
                info.pci_bus_id[0] ? info.pci_bus_id : "?");
     }
-    return CLI_EXIT_OK;
+    return cli_flush_results("info");
 }

@@ -34,8 +34,12 @@ void castor_cli_usage(FILE *out)
             "SIGINT/SIGTERM.\n");
 }
 
-static int print_version(void)
+static int print_version(int argc, char **argv)
 {
+    if (argc > 1) {
+        cli_errorf("%s takes no arguments, not '%s'", argv[0], argv[1]);
+        return CLI_EXIT_USAGE;
+    }
     printf("castor %s\n", castor_version());
     if (castor_version_number() != CASTOR_VERSION_NUMBER)
         fprintf(stderr, "castor: warning: built against castor.h %s but linked with library %s\n",
@@ -77,7 +81,7 @@ static int help(int argc, char **argv)
     return CLI_EXIT_OK;
 }
 
-int main(int argc, char **argv)
+static int dispatch(int argc, char **argv)
 {
     if (argc < 2) {
         cli_errorf("no command given (see 'castor --help')");
@@ -106,10 +110,22 @@ int main(int argc, char **argv)
         return CLI_EXIT_OK;
     }
     if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0)
-        return print_version();
+        return print_version(sub_argc, sub_argv);
     if (cmd[0] == '-')
         cli_errorf("unknown flag '%s' (see 'castor --help')", cmd);
     else
         cli_errorf("unknown command '%s' (see 'castor --help')", cmd);
     return CLI_EXIT_USAGE;
+}
+
+int main(int argc, char **argv)
+{
+    int rc = dispatch(argc, argv);
+    /* Whatever a command printed (help, a version, a table) must have
+     * reached stdout: a full disk or a closed pipe is a failure, not 0. */
+    if (rc == CLI_EXIT_OK && (fflush(stdout) != 0 || ferror(stdout))) {
+        cli_errorf("cannot write to stdout");
+        rc = CLI_EXIT_RUNTIME;
+    }
+    return rc;
 }
