@@ -378,6 +378,21 @@ interrupt_test INT 130
 interrupt_test TERM 143
 
 
+# ---- --json stays valid UTF-8 whatever bytes a path holds ----------------------------------
+ODD="$T/data-"$'\xff\xfe'"-é"
+cp -r "$DATA" "$ODD"
+run train --data "$ODD" --layers 10 --devices cpu --epochs 1 --batch 64 --json --quiet
+if [[ $rc -eq 0 ]] && tail -n 1 "$T/out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.buffer.read().decode("utf-8"))  # strict: invalid UTF-8 raises
+assert d["data"].endswith("data-\ufffd\ufffd-\u00e9"), d["data"]
+' 2>"$T/py"; then
+    ok "--json with a non-UTF-8 --data path: valid UTF-8, the bad bytes as U+FFFD"
+else
+    bad "--json with a non-UTF-8 path: status $rc" "$(cat "$T/py"; tail -c 300 "$T/out"; cat "$T/err")"
+fi
+rm -rf "$ODD"
+
 # ---- --save, then eval and predict from the file ------------------------------------------
 # One epoch at a small learning rate: an accuracy well short of 1, so that
 # agreeing on it means something.

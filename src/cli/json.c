@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "args.h"
 
@@ -26,9 +27,71 @@ int cli_json_int(cJSON *obj, const char *key, int64_t v)
     return cli_json_num(obj, key, (double)v);
 }
 
+/* Length of the valid UTF-8 sequence at p (1..4), or 0 if none starts
+ * there: no overlong forms, no surrogates, nothing above U+10FFFF. */
+static size_t utf8_sequence(const unsigned char *p)
+{
+    if (p[0] < 0x80)
+        return 1;
+    size_t n;
+    unsigned lo = 0x80, hi = 0xBF;  /* the allowed range of the second byte */
+    if (p[0] >= 0xC2 && p[0] <= 0xDF)
+        n = 2;
+    else if (p[0] >= 0xE0 && p[0] <= 0xEF) {
+        n = 3;
+        if (p[0] == 0xE0)
+            lo = 0xA0;
+        else if (p[0] == 0xED)
+            hi = 0x9F;
+    } else if (p[0] >= 0xF0 && p[0] <= 0xF4) {
+        n = 4;
+        if (p[0] == 0xF0)
+            lo = 0x90;
+        else if (p[0] == 0xF4)
+            hi = 0x8F;
+    } else
+        return 0;
+    if (p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t i = 2; i < n; i++)
+        if (p[i] < 0x80 || p[i] > 0xBF)
+            return 0;
+    return n;
+}
+
+/* v with every byte that is not part of valid UTF-8 replaced by U+FFFD:
+ * JSON text is UTF-8, and a path may be any bytes. malloc'd, or NULL. */
+static char *utf8_clean(const char *v)
+{
+    size_t len = strlen(v);
+    char *out = malloc(3 * len + 1);
+    if (!out)
+        return NULL;
+    const unsigned char *p = (const unsigned char *)v;
+    char *o = out;
+    while (*p) {
+        size_t n = utf8_sequence(p);
+        if (n) {
+            memcpy(o, p, n);
+            o += n;
+            p += n;
+        } else {
+            memcpy(o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            p++;
+        }
+    }
+    *o = '\0';
+    return out;
+}
+
 int cli_json_str(cJSON *obj, const char *key, const char *v)
 {
-    cJSON *item = v ? cJSON_CreateString(v) : cJSON_CreateNull();
+    char *clean = v ? utf8_clean(v) : NULL;
+    if (v && !clean)
+        return -1;
+    cJSON *item = clean ? cJSON_CreateString(clean) : cJSON_CreateNull();
+    free(clean);
     if (!item)
         return -1;
     if (!cJSON_AddItemToObject(obj, key, item)) {
