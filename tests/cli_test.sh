@@ -684,6 +684,8 @@ want = int(sys.argv[2]) * 64
 assert d["resumed_from"] == sys.argv[1], d["resumed_from"]
 assert d["global_step"] == want and d["steps"] == want - int(sys.argv[3]), d
 assert d["batch"] == 8, "the batch comes from the checkpoint: %r" % d["batch"]
+# train_loss covers the part of the last epoch this run trained, and says so
+assert d["train_metric_samples"] == (want - int(sys.argv[3])) * 8, d
 ' "$TPATH" "$E" "$TSTEP" 2>"$T/py"; then
         ok "resume after SIGTERM: --epochs $E finishes at step $((E * 64)), --batch from the file"
     else

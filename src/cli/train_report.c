@@ -42,6 +42,7 @@ static int report_json(const train_run *r)
         cli_json_num(o, "test_loss", r->test_m.loss) ||
         cli_json_num(o, "train_accuracy", r->train_m.accuracy) ||
         cli_json_num(o, "train_loss", r->train_m.loss) ||
+        cli_json_int(o, "train_metric_samples", (int64_t)r->train_m.samples) ||
         cli_json_num(o, "val_accuracy", r->val_accuracy) ||
         cli_json_num(o, "val_loss", r->val_loss) ||
         cli_json_int(o, "epochs", r->o.epochs) || cli_json_int(o, "steps", steps) ||
@@ -99,8 +100,14 @@ static int report_text(const train_run *r)
     printf("%-10s %d epoch%s, batch %d, %lld steps in %.2f s (%.0f samples/s)\n", "training:",
            r->o.epochs, r->o.epochs == 1 ? "" : "s", r->o.batch, steps, r->fit_seconds,
            r->fit_seconds > 0 ? samples / r->fit_seconds : 0.0);
-    if (r->fitted)
+    if (r->fitted) {
         print_metrics("train:", r->train_m.loss, r->train_m.accuracy);
+        /* A run resumed part-way through its last epoch saw only the rest. */
+        size_t epoch = castor_dataset_size(r->train);
+        if (r->train_m.samples < epoch)
+            printf("%-10s (over the last %zu of the epoch's %zu samples, trained by this run)\n",
+                   "", r->train_m.samples, epoch);
+    }
     if (r->val && r->fitted)
         print_metrics("val:", r->val_loss, r->val_accuracy);
     print_metrics("test:", r->test_m.loss, r->test_m.accuracy);
