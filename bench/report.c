@@ -285,7 +285,7 @@ static cJSON *json_config(const bench_config *c)
     cli_json_str(o, "optimizer", castor_optimizer_kind_name(c->optimizer));
     cli_json_str(o, "loss", "softmax_xent");
     cli_json_str(o, "hidden_activation", "relu");
-    cli_json_num(o, "seed", (double)c->seed);
+    cli_json_u64(o, "seed", c->seed);
     cli_json_int(o, "device_memory_budget", (int64_t)c->device_memory);
     cli_json_int(o, "host_threads", c->host_threads);
     cli_json_bool(o, "tf32", c->tf32);

@@ -1,5 +1,6 @@
 /* Version, status texts, and the names of enum values (static tables). */
 #include <string.h>
+#include <strings.h>
 
 #include "castor.h"
 #include "device/device.h"
@@ -42,6 +43,8 @@ const char *castor_build_features(void)
 #endif
 }
 
+/* Names are matched without regard to case, as the optimizer's are
+ * (host/optim.c): "Mirrored" and "ReLU" are what people type. */
 static const char *const strategy_names[] = {"central", "mirrored"};
 static const char *const activation_names[] = {"linear", "relu", "tanh", "sigmoid"};
 
@@ -53,7 +56,7 @@ const char *castor_strategy_kind_name(castor_strategy_kind kind)
 int castor_strategy_kind_parse(const char *name, castor_strategy_kind *out)
 {
     for (int i = 0; name && i < 2; i++)
-        if (strcmp(name, strategy_names[i]) == 0) {
+        if (strcasecmp(name, strategy_names[i]) == 0) {
             *out = (castor_strategy_kind)i;
             return CASTOR_OK;
         }
@@ -68,7 +71,7 @@ const char *castor_activation_name(castor_activation act)
 int castor_activation_parse(const char *name, castor_activation *out)
 {
     for (int i = 0; name && i < 4; i++)
-        if (strcmp(name, activation_names[i]) == 0) {
+        if (strcasecmp(name, activation_names[i]) == 0) {
             *out = (castor_activation)i;
             return CASTOR_OK;
         }

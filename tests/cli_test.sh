@@ -378,6 +378,21 @@ interrupt_test INT 130
 interrupt_test TERM 143
 
 
+# ---- names in any case, as --optimizer already took them; a seed past 2^53 as digits --------
+run train --data "$DATA" --layers 16:ReLU,10 --optimizer ADAM --strategy Mirrored --loss XENT \
+    --devices cpu:2 --epochs 1 --batch 64 --seed 18446744073709551615 --json --quiet
+if [[ $rc -eq 0 ]] && tail -n 1 "$T/out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+assert d["strategy"] == "mirrored" and d["loss"] == "xent" and d["optimizer"] == "adam", d
+assert d["layers"] == "16:relu,10:linear", d["layers"]
+assert d["seed"] == "18446744073709551615", d["seed"]
+' 2>"$T/py"; then
+    ok "--strategy Mirrored --loss XENT --layers 16:ReLU: names in any case"
+else
+    bad "names in any case: status $rc" "$(cat "$T/py" "$T/err"; tail -n 1 "$T/out")"
+fi
+
 # ---- --json stays valid UTF-8 whatever bytes a path holds ----------------------------------
 ODD="$T/data-"$'\xff\xfe'"-é"
 cp -r "$DATA" "$ODD"
@@ -405,6 +420,7 @@ import json, sys
 d = json.loads(sys.stdin.read())
 assert d["saved"] == sys.argv[1] and d["resumed_from"] is None and d["checkpoints"] == 0, d
 assert 0.1 < d["test_accuracy"] < 0.9, "want a partly trained model: %r" % d["test_accuracy"]
+assert d["learning_rate"] == 0.001, "the float as given, not its double: %r" % d["learning_rate"]
 ' "$SAVED" 2>"$T/py"; then
         ok "train --save: the summary says where"
     else

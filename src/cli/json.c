@@ -20,6 +20,30 @@ int cli_json_num(cJSON *obj, const char *key, double v)
     return 0;
 }
 
+int cli_json_u64(cJSON *obj, const char *key, uint64_t v)
+{
+    if (v <= (UINT64_C(1) << 53))
+        return cli_json_num(obj, key, (double)v);
+    char buf[32];
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
+    return cli_json_str(obj, key, buf);
+}
+
+int cli_json_float(cJSON *obj, const char *key, float v)
+{
+    /* The shortest decimal that reads back as v: 0.001f is 0.001, not the
+     * 0.0010000000474974513 its double value would print as. */
+    if (isfinite(v)) {
+        char buf[32];
+        for (int digits = 1; digits <= 9; digits++) {
+            snprintf(buf, sizeof buf, "%.*g", digits, (double)v);
+            if (strtof(buf, NULL) == v)
+                return cli_json_num(obj, key, strtod(buf, NULL));
+        }
+    }
+    return cli_json_num(obj, key, (double)v);
+}
+
 int cli_json_int(cJSON *obj, const char *key, int64_t v)
 {
     /* cJSON numbers are doubles: exact up to 2^53, which covers counts of

@@ -10,6 +10,11 @@
  * Return 0, or -1 when out of memory. */
 int cli_json_num(cJSON *obj, const char *key, double v);
 int cli_json_int(cJSON *obj, const char *key, int64_t v);
+/* A number while a double holds it exactly (up to 2^53), else a string of
+ * its digits (a seed, say), so that no digit is lost. */
+int cli_json_u64(cJSON *obj, const char *key, uint64_t v);
+/* A float as the shortest decimal that reads back as the same float. */
+int cli_json_float(cJSON *obj, const char *key, float v);
 int cli_json_str(cJSON *obj, const char *key, const char *v);
 int cli_json_bool(cJSON *obj, const char *key, int v);
 /* Print obj as one line on stdout; 0, or -1 on failure. */

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "castor.h"
 #include "args.h"
@@ -162,7 +163,8 @@ void castor_cli_train_usage(FILE *out)
             "\n"
             "SIGINT or SIGTERM stops training after the current step; castor writes a\n"
             "checkpoint if --checkpoint-dir is set, says where, and exits with status\n"
-            "130 or 143. Exit status 1: the run failed; 2: a flag is wrong.\n");
+            "130 or 143. Exit status 1: the run failed; 2: a flag is wrong, or\n"
+            "the data, a checkpoint or --checkpoint-dir does not fit the flags.\n");
 }
 
 /* ---- phase 1: the command line ------------------------------------------------ */
@@ -206,9 +208,9 @@ int train_parse_args(train_opts *o, int argc, char **argv)
             break;
         case F_LOSS:
             o->loss_set = 1;
-            if (strcmp(v, "xent") == 0)
+            if (strcasecmp(v, "xent") == 0)
                 o->loss = CASTOR_LOSS_SOFTMAX_XENT;
-            else if (strcmp(v, "mse") == 0)
+            else if (strcasecmp(v, "mse") == 0)
                 o->loss = CASTOR_LOSS_MSE;
             else {
                 cli_errorf("--loss '%s': not a loss (xent or mse)", v);

@@ -22,16 +22,6 @@ static double samples_per_epoch_total(const train_run *r)
     return (double)(castor_model_step(r->model) - r->step0) * (double)r->o.batch;
 }
 
-/* A seed above 2^53 would lose digits as a JSON number: write it as a string. */
-static int json_seed(cJSON *o, uint64_t seed)
-{
-    if (seed <= (UINT64_C(1) << 53))
-        return cli_json_num(o, "seed", (double)seed);
-    char buf[32];
-    snprintf(buf, sizeof buf, "%llu", (unsigned long long)seed);
-    return cli_json_str(o, "seed", buf);
-}
-
 static int report_json(const train_run *r)
 {
     double samples = samples_per_epoch_total(r);
@@ -56,14 +46,14 @@ static int report_json(const train_run *r)
         cli_json_int(o, "params", (int64_t)castor_model_num_params(r->model)) ||
         cli_json_str(o, "layers", r->layers_spec) ||
         cli_json_str(o, "optimizer", castor_optimizer_kind_name(r->o.optimizer)) ||
-        cli_json_num(o, "learning_rate", (double)r->lr) ||
+        cli_json_float(o, "learning_rate", r->lr) ||
         cli_json_str(o, "loss", r->o.loss == CASTOR_LOSS_MSE ? "mse" : "xent") ||
         cli_json_str(o, "data", r->data_dir) ||
         cli_json_int(o, "train_samples", (int64_t)castor_dataset_size(r->train)) ||
         cli_json_int(o, "validation_samples",
                      r->val ? (int64_t)castor_dataset_size(r->val) : 0) ||
         cli_json_int(o, "test_samples", (int64_t)castor_dataset_size(r->test)) ||
-        json_seed(o, r->o.seed) ||
+        cli_json_u64(o, "seed", r->o.seed) ||
         cli_json_str(o, "resumed_from", r->resumed_from[0] ? r->resumed_from : NULL) ||
         cli_json_str(o, "saved", r->saved ? r->o.save : NULL) ||
         cli_json_int(o, "checkpoints", r->checkpoints) ||
