@@ -7,25 +7,11 @@
 #include <string.h>
 
 #include "src/model.h"
-#include "src/rng.h"
 #include "support.h"
 
 castor_dataset *ckpt_synthetic(void)
 {
-    float *x = malloc(sizeof(float) * N * F);
-    int32_t *y = malloc(sizeof(int32_t) * N);
-    castor__rng rng;
-    castor__rng_seed(&rng, 5, 9, 0);
-    for (int i = 0; i < N; i++) {
-        y[i] = (int32_t)castor__rng_below(&rng, C);
-        for (int j = 0; j < F; j++)
-            x[i * F + j] = castor__rng_uniform(&rng) + (j % C == y[i] ? 0.7f : 0.0f);
-    }
-    castor_dataset *ds = NULL;
-    cr_assert_eq(castor_dataset_from_memory(&ds, x, N, F, y, NULL, 0), CASTOR_OK);
-    free(x);
-    free(y);
-    return ds;
+    return support_synthetic(5, N, F, C);
 }
 
 castor_optimizer ckpt_make_opt(castor_optimizer_kind kind)

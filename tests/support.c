@@ -10,6 +10,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "castor.h"
+#include "src/rng.h"
+
 const char *support_fashion_dir(void)
 {
     const char *env = getenv("CASTOR_FASHION_MNIST");
@@ -125,4 +128,24 @@ unsigned char *support_gzip(const void *bytes, size_t len, size_t *out_len)
     *out_len = cap - zs.avail_out;
     deflateEnd(&zs);
     return out;
+}
+
+castor_dataset *support_synthetic(uint64_t seed, int n, int features, int classes)
+{
+    float *x = malloc(sizeof(float) * (size_t)n * (size_t)features);
+    int32_t *y = malloc(sizeof(int32_t) * (size_t)n);
+    cr_assert(x && y, "out of host memory");
+    castor__rng rng;
+    castor__rng_seed(&rng, seed, 9, 0);
+    for (int i = 0; i < n; i++) {
+        y[i] = (int32_t)castor__rng_below(&rng, (uint64_t)classes);
+        for (int j = 0; j < features; j++)
+            x[(size_t)i * features + j] =
+                castor__rng_uniform(&rng) + (j % classes == y[i] ? 0.7f : 0.0f);
+    }
+    castor_dataset *ds = NULL;
+    cr_assert_eq(castor_dataset_from_memory(&ds, x, (size_t)n, features, y, NULL, 0), CASTOR_OK);
+    free(x);
+    free(y);
+    return ds;
 }

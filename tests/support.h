@@ -28,6 +28,11 @@ size_t support_put_be32(unsigned char *p, uint32_t v);
 unsigned char *support_gzip(const void *bytes, size_t len, size_t *out_len);
 /* Write bytes to a file; returns 0 on success. */
 int support_write_file(const char *path, const void *bytes, size_t len);
+/* n samples of `features` values in `classes` classes, each class lifting
+ * the features j with j % classes == class by 0.7 over uniform noise; the
+ * same for the same seed. */
+struct castor_dataset;
+struct castor_dataset *support_synthetic(uint64_t seed, int n, int features, int classes);
 /* Largest |a-b| / max(|b|, floor), and the index where it is. */
 double support_max_rel_err(const float *a, const float *b, size_t n, double floor, size_t *where);
 
