@@ -13,8 +13,15 @@
  *     and hand the object out through an out-parameter, also on failure
  *     where one could be made, so that the caller can ask *_errmsg() why;
  *   - destroying NULL is a no-op;
- *   - each handle keeps the text of its last error; castor_errstr() gives a
- *     static text for any status code;
+ *   - each handle keeps the text of its last error (a call that succeeds
+ *     leaves it as it was: read it right after a failure); castor_errstr()
+ *     gives a static text for any status code;
+ *   - a NULL handle or out-pointer, or a call in the wrong order, is
+ *     CASTOR_MISUSE; a bad value is CASTOR_INVALID;
+ *   - names (strategies, activations, optimizers, losses in the CLI) are
+ *     matched without regard to case; the *_parse functions return
+ *     CASTOR_INVALID for NULL or an unknown name and leave *out alone, the
+ *     *_name functions "unknown" for a value out of range;
  *   - the library never prints and never exits: logging goes to the
  *     callback given in castor_strategy_options;
  *   - separate handles may be used from separate threads at once; one handle
@@ -203,7 +210,9 @@ CASTOR_API int castor_model_num_layers(const castor_model *model);
 CASTOR_API size_t castor_model_num_params(const castor_model *model);
 CASTOR_API int castor_model_input_features(const castor_model *model);
 CASTOR_API int castor_model_output_units(const castor_model *model);
-/* The layers as a spec string such as "128:relu,10:linear". */
+/* The layers as a spec string such as "128:relu,10:linear". A buf too small
+ * gets as much as fits, NUL-terminated, and CASTOR_INVALID (at most 24
+ * bytes a layer are needed); a NULL buf or size 0 is CASTOR_MISUSE. */
 CASTOR_API int castor_model_layers_spec(const castor_model *model, char *buf, size_t size);
 /* Copy the current variables (all kernels and biases, in the flat layout:
  * layer 0 kernel (in x out, row-major), layer 0 bias (out), layer 1 ...)
@@ -282,6 +291,9 @@ typedef struct castor_fit_options {
 
 #define CASTOR_FIT_OPTIONS_INIT {1, 32, 1, NULL, NULL, NULL, 0}
 
+/* last_epoch (may be NULL) gets the metrics of the last epoch that ended in
+ * this call, over the samples this call trained of it; {NaN, NaN, 0} when
+ * none ended. */
 CASTOR_API int castor_model_fit(castor_model *model, const castor_dataset *train,
                                 const castor_fit_options *options, castor_metrics *last_epoch);
 CASTOR_API int castor_model_evaluate(castor_model *model, const castor_dataset *data,

@@ -146,9 +146,11 @@ CASTOR_API int castor_dataset_load_idx(castor_dataset **out, const char *images_
     if (dataset_new(out))
         return CASTOR_NOMEM;
     castor_dataset *ds = *out;
-    if (!images_path || !labels_path) {
-        castor__errf(ds->errmsg, sizeof ds->errmsg, "load_idx: the %s path is NULL",
-                     images_path ? "labels" : "images");
+    if (!images_path || !labels_path || !*images_path || !*labels_path) {
+        int images_bad = !images_path || !*images_path;
+        const char *bad = images_bad ? images_path : labels_path;
+        castor__errf(ds->errmsg, sizeof ds->errmsg, "load_idx: the %s path is %s",
+                     images_bad ? "images" : "labels", bad ? "empty" : "NULL");
         return CASTOR_MISUSE;
     }
     return load_idx_into(ds, images_path, labels_path);
@@ -204,8 +206,13 @@ CASTOR_API int castor_dataset_load_mnist_dir(castor_dataset **out, const char *d
         prefix = "train";
     else if (which && strcmp(which, "test") == 0)
         prefix = "t10k";
-    if (!dir) {
-        castor__errf(err, errlen, "load_mnist_dir: the directory is NULL");
+    if (!dir || !*dir) {
+        /* "" would look in the root directory. */
+        castor__errf(err, errlen, "load_mnist_dir: the directory is %s", dir ? "empty" : "NULL");
+        return CASTOR_MISUSE;
+    }
+    if (!which) {
+        castor__errf(err, errlen, "load_mnist_dir: which set is NULL (\"train\" or \"test\")");
         return CASTOR_MISUSE;
     }
     if (!prefix) {
@@ -286,6 +293,21 @@ CASTOR_API int castor_dataset_from_memory(castor_dataset **out, const float *x, 
                 max_label = labels[i];
         }
     }
+    /* As load_idx refuses them: one NaN or infinity trains every variable
+     * into NaN with no error and no hint of where it came from. */
+    for (size_t i = 0; i < x_count; i++)
+        if (!isfinite(x[i])) {
+            castor__errf(err, errlen, "from_memory: sample %zu, feature %zu is %g, not a finite "
+                         "number", i / (size_t)features, i % (size_t)features, (double)x[i]);
+            return CASTOR_INVALID;
+        }
+    for (size_t i = 0; targets && i < target_count; i++)
+        if (!isfinite(targets[i])) {
+            castor__errf(err, errlen, "from_memory: sample %zu, target %zu is %g, not a finite "
+                         "number", i / (size_t)target_dim, i % (size_t)target_dim,
+                         (double)targets[i]);
+            return CASTOR_INVALID;
+        }
     ds->x = malloc(x_count * sizeof(float));
     if (labels)
         ds->labels = malloc(n * sizeof(int32_t));
@@ -339,8 +361,12 @@ static void *shrink(void *block, size_t bytes)
 
 CASTOR_API int castor_dataset_split_tail(castor_dataset *ds, size_t count, castor_dataset **tail)
 {
-    if (!ds || !tail)
+    if (!ds)
         return CASTOR_MISUSE;
+    if (!tail) {
+        castor__errf(ds->errmsg, sizeof ds->errmsg, "split_tail: tail is NULL");
+        return CASTOR_MISUSE;
+    }
     *tail = NULL;
     if (count == 0 || count >= ds->n) {
         castor__errf(ds->errmsg, sizeof ds->errmsg,

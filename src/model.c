@@ -1,6 +1,7 @@
 /* Model handles: layers, the flat parameter layout, compile. */
 #include "model.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -177,7 +178,8 @@ static int add_layers_from_spec(castor_model *m, const char *spec)
         char *num_end = NULL;
         errno = 0;
         long units = strtol(item, &num_end, 10);
-        if (!item[0] || *num_end || errno || item[0] == '+' || item[0] == '-' || units <= 0 ||
+        /* Digits only: strtol would also take leading blanks and a sign. */
+        if (!isdigit((unsigned char)item[0]) || *num_end || errno || units <= 0 ||
             units > MAX_UNITS)
             return castor__model_fail(m, CASTOR_INVALID,
                                       "bad unit count '%s' in '%s' (a whole number 1..%d)", item,
@@ -217,6 +219,9 @@ int castor_model_compile(castor_model *m, castor_strategy *s, castor_loss loss,
         return CASTOR_MISUSE;
     if (!s)
         return castor__model_fail(m, CASTOR_MISUSE, "compile needs a strategy");
+    int rc = castor__model_not_fitting(m, "compile");
+    if (rc)
+        return rc;
     if (!s->ready)
         return castor__model_fail(m, CASTOR_MISUSE,
                                   "compile: the strategy was not created (%s)",
@@ -277,7 +282,7 @@ int castor_model_compile(castor_model *m, castor_strategy *s, castor_loss loss,
     castor__model_init_params(m, m->params.ptr);
     m->host_params_current = 1;
     m->params_version = 1;
-    int rc = s->ops->prepare(m);
+    rc = s->ops->prepare(m);
     if (rc) {
         castor__runtime_free(m);
         castor__host_free(&m->params);
@@ -336,8 +341,10 @@ int castor_model_layers_spec(const castor_model *m, char *buf, size_t size)
 
 int castor_model_get_params(castor_model *m, float *dst, size_t count)
 {
-    if (!m || !dst)
+    if (!m)
         return CASTOR_MISUSE;
+    if (!dst)
+        return castor__model_fail(m, CASTOR_MISUSE, "get_params: dst is NULL");
     int rc = castor__model_ready(m, "get_params");
     if (rc)
         return rc;
@@ -352,8 +359,10 @@ int castor_model_get_params(castor_model *m, float *dst, size_t count)
 
 int castor_model_set_params(castor_model *m, const float *src, size_t count)
 {
-    if (!m || !src)
+    if (!m)
         return CASTOR_MISUSE;
+    if (!src)
+        return castor__model_fail(m, CASTOR_MISUSE, "set_params: src is NULL");
     if (!m->compiled || !m->strategy)
         return castor__model_fail(m, CASTOR_MISUSE, "set_params: the model is not compiled");
     int rc = castor__model_not_fitting(m, "set_params");

@@ -55,7 +55,7 @@ const char *castor_strategy_kind_name(castor_strategy_kind kind)
 
 int castor_strategy_kind_parse(const char *name, castor_strategy_kind *out)
 {
-    for (int i = 0; name && i < 2; i++)
+    for (int i = 0; name && out && i < 2; i++)
         if (strcasecmp(name, strategy_names[i]) == 0) {
             *out = (castor_strategy_kind)i;
             return CASTOR_OK;
@@ -70,7 +70,7 @@ const char *castor_activation_name(castor_activation act)
 
 int castor_activation_parse(const char *name, castor_activation *out)
 {
-    for (int i = 0; name && i < 4; i++)
+    for (int i = 0; name && out && i < 4; i++)
         if (strcasecmp(name, activation_names[i]) == 0) {
             *out = (castor_activation)i;
             return CASTOR_OK;

@@ -352,7 +352,10 @@ fail: {
             close(fd);
         if (created)
             unlink(tmp);
-        castor__errf(err, errlen, "%s: %s (%s): %s", path, what, tmp, castor__strerror(e, eb, sizeof eb));
+        /* The reason before the temporary file's name: with a long path the
+         * message is cut at the end, and the reason is what matters. */
+        castor__errf(err, errlen, "%s: %s: %s (the temporary file %s)", path, what,
+                     castor__strerror(e, eb, sizeof eb), tmp);
         free(tmp);
         free(dir);
         free(hb.p);

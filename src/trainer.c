@@ -63,7 +63,9 @@ static castor__batch gather(staging *st, const castor_dataset *ds, const uint32_
 /* Does the dataset fit the model's input and loss? */
 static int check_data(castor_model *m, const castor_dataset *ds, const char *what)
 {
-    if (!ds || ds->n == 0 || !ds->x)
+    if (!ds)
+        return castor__model_fail(m, CASTOR_MISUSE, "%s: the dataset is NULL", what);
+    if (ds->n == 0 || !ds->x)
         return castor__model_fail(m, CASTOR_INVALID, "%s: empty dataset", what);
     if (ds->features != m->input_features)
         return castor__model_fail(m, CASTOR_MISMATCH,
@@ -131,8 +133,10 @@ static int evaluate(castor_model *m, const castor_dataset *ds, int batch, castor
 int castor_model_evaluate(castor_model *m, const castor_dataset *ds, int batch,
                           castor_metrics *out)
 {
-    if (!m || !out)
+    if (!m)
         return CASTOR_MISUSE;
+    if (!out)
+        return castor__model_fail(m, CASTOR_MISUSE, "evaluate: out is NULL");
     int rc;
     if ((rc = castor__model_not_fitting(m, "evaluate")) ||
         (rc = castor__model_ready(m, "evaluate")) || (rc = check_data(m, ds, "evaluate")) ||
@@ -143,8 +147,10 @@ int castor_model_evaluate(castor_model *m, const castor_dataset *ds, int batch,
 
 int castor_model_predict(castor_model *m, const float *x, size_t n, int batch, float *out)
 {
-    if (!m || !x || !out)
+    if (!m)
         return CASTOR_MISUSE;
+    if (!x || !out)
+        return castor__model_fail(m, CASTOR_MISUSE, "predict: %s is NULL", !x ? "x" : "out");
     int rc;
     if ((rc = castor__model_not_fitting(m, "predict")) ||
         (rc = castor__model_ready(m, "predict")) || (rc = check_batch(m, batch, "predict")))

@@ -5,6 +5,7 @@
  * devices.
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -240,6 +241,14 @@ static int reenter(void *user, const castor_progress *p)
     if (r->free_strategy_at && p->global_step == r->free_strategy_at) {
         castor_strategy_free(r->s);
         r->s = NULL;
+        /* Compiling the detached model again under the running fit reset
+         * its position: fit then never finished its epoch. */
+        castor_strategy *again = NULL;
+        cr_assert_eq(castor_strategy_create(&again, CASTOR_STRATEGY_CENTRAL, "cpu", NULL),
+                     CASTOR_OK);
+        cr_assert_eq(castor_model_compile(r->m, again, CASTOR_LOSS_SOFTMAX_XENT, NULL, 3),
+                     CASTOR_MISUSE, "%s", castor_model_errmsg(r->m));
+        castor_strategy_free(again);
     }
     return 0;
 }
@@ -281,4 +290,133 @@ Test(model_api, the_progress_callback_may_read_and_save_not_run_or_change,
         castor_strategy_free(r.s);
         castor_dataset_free(ds);
     }
+}
+
+/* ---- arguments the caller got wrong: the documented code, a message, no crash ---- */
+
+Test(model_api, null_and_empty_arguments_say_what_is_wrong)
+{
+    castor_strategy_kind kind;
+    castor_activation act;
+    cr_assert_eq(castor_strategy_kind_parse("central", NULL), CASTOR_INVALID);  /* crashed */
+    cr_assert_eq(castor_activation_parse("relu", NULL), CASTOR_INVALID);        /* crashed */
+    cr_assert_eq(castor_strategy_kind_parse("Mirrored", &kind), CASTOR_OK);
+    cr_assert_eq(kind, CASTOR_STRATEGY_MIRRORED);
+    cr_assert_eq(castor_activation_parse("ReLU", &act), CASTOR_OK);
+
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu", NULL), CASTOR_OK);
+    castor_dataset *ds = small_dataset();
+    castor_model *m = compiled(s, "3");
+    size_t n = castor_model_num_params(m);
+    float params[64], x[F] = {0}, out[3];
+    castor_metrics met;
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    /* Each left the message of an earlier, unrelated error (or none). */
+    struct {
+        int rc;
+        const char *says;
+    } calls[] = {
+        {castor_model_get_params(m, NULL, n), "dst is NULL"},
+        {castor_model_set_params(m, NULL, n), "src is NULL"},
+        {castor_model_evaluate(m, ds, 8, NULL), "out is NULL"},
+        {castor_model_predict(m, NULL, 1, 1, out), "x is NULL"},
+        {castor_model_predict(m, x, 1, 1, NULL), "out is NULL"},
+        {castor_model_fit(m, NULL, &fo, NULL), "dataset is NULL"},
+        {castor_model_evaluate(m, NULL, 8, &met), "dataset is NULL"},
+    };
+    for (size_t i = 0; i < sizeof calls / sizeof *calls; i++) {
+        cr_assert_eq(calls[i].rc, CASTOR_MISUSE, "call %zu: %d", i, calls[i].rc);
+    }
+    /* The calls ran in order; check each message by running it again. */
+    castor_model_get_params(m, NULL, n);
+    cr_assert(strstr(castor_model_errmsg(m), "dst is NULL"), "%s", castor_model_errmsg(m));
+    castor_model_set_params(m, NULL, n);
+    cr_assert(strstr(castor_model_errmsg(m), "src is NULL"), "%s", castor_model_errmsg(m));
+    castor_model_evaluate(m, ds, 8, NULL);
+    cr_assert(strstr(castor_model_errmsg(m), "out is NULL"), "%s", castor_model_errmsg(m));
+    castor_model_predict(m, NULL, 1, 1, out);
+    cr_assert(strstr(castor_model_errmsg(m), "x is NULL"), "%s", castor_model_errmsg(m));
+    castor_model_fit(m, NULL, &fo, NULL);
+    cr_assert(strstr(castor_model_errmsg(m), "dataset is NULL"), "%s", castor_model_errmsg(m));
+    cr_assert_eq(castor_model_get_params(m, params, n), CASTOR_OK, "the model still works");
+
+    castor_dataset *tail = NULL;
+    cr_assert_eq(castor_dataset_split_tail(ds, 1, NULL), CASTOR_MISUSE);
+    cr_assert(strstr(castor_dataset_errmsg(ds), "tail is NULL"), "%s", castor_dataset_errmsg(ds));
+    cr_assert_eq(castor_dataset_split_tail(ds, 1, &tail), CASTOR_OK);
+    castor_dataset_free(tail);
+
+    /* "" looked for the files in the root directory. */
+    castor_dataset *d = NULL;
+    cr_assert_eq(castor_dataset_load_mnist_dir(&d, "", "test"), CASTOR_MISUSE);
+    cr_assert(strstr(castor_dataset_errmsg(d), "empty"), "%s", castor_dataset_errmsg(d));
+    castor_dataset_free(d);
+    cr_assert_eq(castor_dataset_load_mnist_dir(&d, "/nonexistent", NULL), CASTOR_MISUSE);
+    castor_dataset_free(d);
+    cr_assert_eq(castor_dataset_load_idx(&d, "", "labels"), CASTOR_MISUSE);
+    cr_assert(strstr(castor_dataset_errmsg(d), "images path is empty"), "%s",
+              castor_dataset_errmsg(d));
+    castor_dataset_free(d);
+
+    castor_model_free(m);
+    castor_strategy_free(s);
+    castor_dataset_free(ds);
+}
+
+Test(model_api, non_finite_samples_are_refused_at_the_door)
+{
+    /* One NaN trained every variable into NaN with fit returning OK. */
+    float x[4 * 2] = {0, 1, 2, 3, 4, 5, 6, 7};
+    int32_t y[4] = {0, 1, 0, 1};
+    float t[4 * 2] = {0};
+    castor_dataset *d = NULL;
+    x[5] = NAN;
+    cr_assert_eq(castor_dataset_from_memory(&d, x, 4, 2, y, NULL, 0), CASTOR_INVALID);
+    cr_assert(strstr(castor_dataset_errmsg(d), "sample 2, feature 1"), "%s",
+              castor_dataset_errmsg(d));
+    castor_dataset_free(d);
+    x[5] = 5;
+    t[6] = -INFINITY;
+    cr_assert_eq(castor_dataset_from_memory(&d, x, 4, 2, NULL, t, 2), CASTOR_INVALID);
+    cr_assert(strstr(castor_dataset_errmsg(d), "sample 3, target 0"), "%s",
+              castor_dataset_errmsg(d));
+    castor_dataset_free(d);
+    t[6] = 0;
+    cr_assert_eq(castor_dataset_from_memory(&d, x, 4, 2, NULL, t, 2), CASTOR_OK);
+    castor_dataset_free(d);
+}
+
+Test(model_api, unit_counts_are_digits_only)
+{
+    /* strtol skipped the blanks, and the sign check looked at the blank. */
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_create(&m, F), CASTOR_OK);
+    const char *bad[] = {" +5", "\t7", "\n 8:relu", " 5", "5 ", "+5"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        cr_assert_eq(castor_model_add_layers(m, bad[i]), CASTOR_INVALID, "'%s'", bad[i]);
+    cr_assert_eq(castor_model_num_layers(m), 0);
+    cr_assert_eq(castor_model_add_layers(m, "05:relu,3"), CASTOR_OK, "%s", castor_model_errmsg(m));
+    castor_model_free(m);
+}
+
+Test(model_api, a_failed_save_says_why_even_with_a_long_path,
+     .init = support_dir_init, .fini = support_dir_fini)
+{
+    /* The reason came last, after the path and the temporary file's path,
+     * and a 300-character path pushed it out of the message. */
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu", NULL), CASTOR_OK);
+    castor_model *m = compiled(s, "3");
+    char path[SUPPORT_PATH_LEN], name[320];
+    /* two directories of 150 characters (a name may have 255), neither there */
+    memset(name, 'a', 301);
+    name[150] = '/';
+    strcpy(name + 301, "/model.safetensors");
+    support_path_in(path, name);
+    cr_assert_neq(castor_model_save(m, path), CASTOR_OK);
+    cr_assert(strstr(castor_model_errmsg(m), "No such file or directory"), "%s",
+              castor_model_errmsg(m));
+    castor_model_free(m);
+    castor_strategy_free(s);
 }
