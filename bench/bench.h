@@ -50,6 +50,14 @@ typedef struct bench_config {
     double others_before, others_during;
 } bench_config;
 
+/* The host's part of a step for a model of `params` variables: summing the
+ * replicas' gradients (castor__reduce_sum of `replicas` sources) and one
+ * optimizer update (castor__optim_apply), timed alone. NaN if unmeasured. */
+typedef struct bench_host_cost {
+    size_t params;
+    double reduce_s, opt_s;
+} bench_host_cost;
+
 /* One GEMM as the replica loop (src/replica.c) issues it: C (m x n) = op(A) op(B)
  * with op(A) m x k. */
 typedef struct bench_gemm {
@@ -74,6 +82,12 @@ typedef struct bench_limits {
     size_t triad_elems;       /* floats per array */
     double triad_bw;          /* a[i] = b[i] + s*c[i]: 12 bytes per element / seconds */
     double host_opt_rate;     /* the host optimizer kernel alone, parameters per second */
+    /* castor's own host kernels at each model size of the grid, on the host
+     * threads (fastest of a few trials): the host term of the bounds. */
+    struct bench_host_cost *host_costs;
+    int n_host_costs;
+    int same_gpu;             /* every replica on one GPU (mirrored sums there) */
+    int distinct_gpus;        /* every replica on its own GPU (mirrored uses NCCL) */
     bench_gemm *gemms;
     int n_gemms, cap_gemms;
     double seconds;           /* spent measuring all of the above */
@@ -137,11 +151,12 @@ void bench_lower_bound(const bench_config *c, const bench_limits *L, bench_resul
  * the run statistics against. */
 void bench_expected_bytes(const bench_config *c, const bench_limits *L, const bench_result *r,
                           double *h2d, double *d2h);
-/* Whether mirrored all-reduces through host memory here: several replicas,
- * not all of them GPUs (src/mirrored.c REDUCE_HOST; GPUs alone reduce with
- * NCCL or on the shared GPU, and one replica needs no reduction, so their
- * update runs inside the replicas' phase). */
-int bench_mirrored_reduces_on_host(const bench_limits *L, int replicas);
+/* Whether mirrored all-reduces through host memory for run r, as
+ * src/mirrored.c chooses: several replicas, and not all on one GPU (summed
+ * there) nor each on its own GPU (NCCL); with distinct GPUs, also when the
+ * run's own device-to-host bytes show that NCCL could not start and the
+ * strategy fell back to the host. */
+int bench_mirrored_reduces_on_host(const bench_limits *L, const bench_result *r);
 /* Whether mirrored has a reduce-and-update phase after the replicas' phase
  * (not with one replica, where the update runs inside the replicas' phase;
  * NCCL's all-reduce and the update are the second phase, src/mirrored.c). */

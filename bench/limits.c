@@ -39,6 +39,7 @@
 #include "host/optim.h"
 #include "host/pinned.h"
 #include "host/pool.h"
+#include "host/reduce.h"
 #include "src/cli/args.h"
 #include "src/device_list.h"
 
@@ -63,18 +64,16 @@ static void note(bench_limits *L, const char *fmt, ...)
     va_end(ap);
 }
 
-static int cmp_double(const void *a, const void *b)
+/* The fastest of n trials: a limit is what the machine can do, and other
+ * work on it only ever slows a trial down (a median of a few short trials
+ * on a busy machine came out 1.5-2.5x slow). Step times stay medians. */
+static double fastest(const double *v, int n)
 {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    if (n <= 0)
-        return NAN;
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+    double best = NAN;
+    for (int i = 0; i < n; i++)
+        if (!(v[i] >= best))
+            best = v[i];
+    return best;
 }
 
 /* ---- the GEMMs of a step ------------------------------------------------- */
@@ -293,7 +292,7 @@ static double run_job(bench_limits *L, castor__pool *pool, job *j)
     return t;
 }
 
-/* Median over `trials` runs, after one untimed run. */
+/* Fastest of `trials` runs, after one untimed run. */
 static double time_job(bench_limits *L, castor__pool *pool, job *j, int trials)
 {
     double t[16];
@@ -304,7 +303,7 @@ static double time_job(bench_limits *L, castor__pool *pool, job *j, int trials)
     for (int i = 0; i < trials; i++)
         if (isnan(t[i] = run_job(L, pool, j)))
             return NAN;
-    return median(t, trials);
+    return fastest(t, trials);
 }
 
 static void free_bufs(devset *ds, dev_bufs *bufs)
@@ -415,7 +414,7 @@ static void measure_gemm(const bench_config *c, bench_limits *L, devset *ds, cas
     for (int i = 0; i < trials; i++)
         if (isnan(t[i] = run_job(L, pool, &j)))
             goto out;
-    g->seconds = median(t, trials) / j.reps;
+    g->seconds = fastest(t, trials) / j.reps;
     g->gflops = 2.0 * g->m * g->n * (double)g->k * ds->n / g->seconds / 1e9;
 out:
     free_bufs(ds, bufs);
@@ -430,19 +429,24 @@ typedef struct host_job {
 
 #define TRIAD_BLOCK 1024
 
+/* restrict on parameters, where gcc takes it (on locals it did not, and the
+ * loop stayed scalar: an arithmetic, not a memory, limit on few cores). */
+static void triad_kernel(float *restrict a, const float *restrict b, const float *restrict c,
+                         float s, size_t n)
+{
+    size_t i = 0;
+    /* Full blocks have a constant trip count, which gcc -O2 vectorises. */
+    for (; n - i >= TRIAD_BLOCK; i += TRIAD_BLOCK)
+        for (size_t k = 0; k < TRIAD_BLOCK; k++)
+            a[i + k] = b[i + k] + s * c[i + k];
+    for (; i < n; i++)
+        a[i] = b[i] + s * c[i];
+}
+
 static void triad_range(void *ctx, size_t begin, size_t end)
 {
     const host_job *h = ctx;
-    float *restrict a = h->a;
-    const float *restrict b = h->b, *restrict c = h->c;
-    float s = h->s;
-    size_t i = begin;
-    /* Full blocks have a constant trip count, which gcc -O2 vectorises. */
-    for (; end - i >= TRIAD_BLOCK; i += TRIAD_BLOCK)
-        for (size_t k = 0; k < TRIAD_BLOCK; k++)
-            a[i + k] = b[i + k] + s * c[i + k];
-    for (; i < end; i++)
-        a[i] = b[i] + s * c[i];
+    triad_kernel(h->a + begin, h->b + begin, h->c + begin, h->s, end - begin);
 }
 
 static void fill_range(void *ctx, size_t begin, size_t end)
@@ -472,7 +476,7 @@ static void measure_host(const bench_config *c, bench_limits *L, castor__pool *h
         castor__pool_for(hpool, n, 0, triad_range, &h);
         t[i] = cli_now() - t0;
     }
-    L->triad_bw = 3.0 * sizeof(float) * (double)n / median(t, trials);
+    L->triad_bw = 3.0 * sizeof(float) * (double)n / fastest(t, trials);
 
     /* The optimizer kernel the central strategy runs, alone (a reference
      * for the runs' host update rate). */
@@ -484,8 +488,88 @@ static void measure_host(const bench_config *c, bench_limits *L, castor__pool *h
         castor__optim_apply(hpool, &opt, p, g, state, n, 2 + i);
         t[i] = cli_now() - t0;
     }
-    L->host_opt_rate = (double)n / median(t, trials);
+    L->host_opt_rate = (double)n / fastest(t, trials);
     free(mem);
+}
+
+/* ---- castor's host kernels at the grid's model sizes ------------------------- */
+
+/* Variables of the bench's model: input -> depth x width -> classes. */
+static size_t model_params(const bench_config *c, int width, int depth)
+{
+    size_t w = (size_t)width, in = (size_t)c->input, out = (size_t)c->classes;
+    return in * w + w + (size_t)(depth - 1) * (w * w + w) + w * out + out;
+}
+
+static const bench_host_cost *find_host_cost(const bench_limits *L, size_t params)
+{
+    for (int i = 0; i < L->n_host_costs; i++)
+        if (L->host_costs[i].params == params)
+            return &L->host_costs[i];
+    return NULL;
+}
+
+/* The reduction of R gradients and one optimizer step over n variables, as
+ * the central strategy runs them (src/strategy.c, src/central.c), each the
+ * fastest of a few trials after an untimed one. */
+static void measure_host_cost(const bench_config *c, bench_limits *L, castor__pool *hpool,
+                              bench_host_cost *hc)
+{
+    hc->reduce_s = hc->opt_s = NAN;
+    size_t n = hc->params;
+    int R = L->replicas > 0 ? L->replicas : 1;
+    castor_optimizer opt = castor_optimizer_defaults(c->optimizer);
+    /* R gradients, their sum, the variables and two optimizer slots. */
+    size_t arrays = (size_t)R + 4;
+    float *mem = n && arrays <= SIZE_MAX / sizeof(float) / n
+                     ? aligned_alloc(64, (arrays * n * sizeof(float) + 63) / 64 * 64)
+                     : NULL;
+    if (!mem) {
+        note(L, "host kernels: out of host memory for %zu parameters", n);
+        return;
+    }
+    castor__pool_for(hpool, arrays * n, 0, fill_range, mem);
+    const float *srcs[CASTOR__MAX_REPLICAS];
+    for (int i = 0; i < R; i++)
+        srcs[i] = mem + (size_t)i * n;
+    float *sum = mem + (size_t)R * n, *p = sum + n, *state = p + n;
+    int trials = c->quick ? 3 : 5;
+    double tr[8], to[8];
+    for (int i = -1; i < trials; i++) {  /* i = -1: untimed */
+        double t0 = cli_now();
+        castor__reduce_sum(hpool, sum, srcs, R, n);
+        double t1 = cli_now();
+        castor__optim_apply(hpool, &opt, p, sum, state, n, 2 + i + 1);
+        double t2 = cli_now();
+        if (i >= 0) {
+            tr[i] = t1 - t0;
+            to[i] = t2 - t1;
+        }
+    }
+    hc->reduce_s = fastest(tr, trials);
+    hc->opt_s = fastest(to, trials);
+    free(mem);
+}
+
+static int measure_host_costs(const bench_config *c, bench_limits *L, castor__pool *hpool)
+{
+    for (int w = 0; w < c->n_widths; w++)
+        for (int d = 0; d < c->n_depths; d++) {
+            size_t params = model_params(c, c->widths[w], c->depths[d]);
+            if (find_host_cost(L, params))
+                continue;
+            bench_host_cost *grown =
+                realloc(L->host_costs, (size_t)(L->n_host_costs + 1) * sizeof *grown);
+            if (!grown)
+                return -1;
+            L->host_costs = grown;
+            bench_host_cost *hc = &L->host_costs[L->n_host_costs++];
+            hc->params = params;
+            bench_progress("limits: host reduction and %s update, %zu parameters",
+                           castor_optimizer_kind_name(c->optimizer), params);
+            measure_host_cost(c, L, hpool, hc);
+        }
+    return 0;
 }
 
 /* ---- all of it ------------------------------------------------------------ */
@@ -534,6 +618,16 @@ int bench_limits_measure(const bench_config *c, bench_limits *L)
                       ds.dev[j]->ordinal == ds.dev[i]->ordinal);
         L->gpus += first;
     }
+    /* As src/mirrored.c chooses its all-reduce. */
+    L->same_gpu = ds.cuda == ds.n;
+    L->distinct_gpus = ds.cuda == ds.n;
+    for (int i = 1; i < ds.n; i++) {
+        if (ds.dev[i]->ordinal != ds.dev[0]->ordinal)
+            L->same_gpu = 0;
+        for (int j = 0; j < i; j++)
+            if (ds.dev[j]->ordinal == ds.dev[i]->ordinal)
+                L->distinct_gpus = 0;
+    }
     castor__pool *pool = NULL, *hpool = NULL;
     if (castor__pool_create(ds.n, &pool) || castor__pool_create(L->host_threads, &hpool)) {
         castor__pool_free(pool);
@@ -545,6 +639,8 @@ int bench_limits_measure(const bench_config *c, bench_limits *L)
     bench_progress("limits: host memory (triad, %d threads, 3 x %zu MiB)", L->host_threads,
                    L->triad_elems * sizeof(float) >> 20);
     measure_host(c, L, hpool);
+    if (measure_host_costs(c, L, hpool))
+        note(L, "host kernels: out of memory");
     bench_progress("limits: copies host<->device (%zu MiB, %d device%s)", L->copy_bytes >> 20,
                    ds.n, ds.n > 1 ? "s" : "");
     measure_copies(c, L, &ds, pool);
@@ -566,6 +662,9 @@ void bench_limits_free(bench_limits *L)
     free(L->gemms);
     L->gemms = NULL;
     L->n_gemms = L->cap_gemms = 0;
+    free(L->host_costs);
+    L->host_costs = NULL;
+    L->n_host_costs = 0;
 }
 
 /* ---- the lower bound of a run --------------------------------------------- */
@@ -582,9 +681,18 @@ int bench_optimizer_bytes(castor_optimizer_kind kind)
     }
 }
 
-int bench_mirrored_reduces_on_host(const bench_limits *L, int replicas)
+int bench_mirrored_reduces_on_host(const bench_limits *L, const bench_result *r)
 {
-    return replicas > 1 && L->cpu_devices > 0;
+    if (r->replicas <= 1)
+        return 0;
+    if (L->cpu_devices > 0 || !(L->same_gpu || L->distinct_gpus))
+        return 1;
+    if (L->same_gpu)
+        return 0;
+    /* Distinct GPUs: NCCL, unless it could not start and the strategy fell
+     * back to the host, which the run's own counters show: every replica's
+     * gradient came down. */
+    return r->d2h_per_step >= (double)r->replicas * 4.0 * (double)r->params;
 }
 
 int bench_mirrored_has_update_phase(const bench_limits *L, int replicas)
@@ -601,7 +709,7 @@ void bench_expected_bytes(const bench_config *c, const bench_limits *L, const be
     /* The batch (x and int32 labels) up, 2 floats of row statistics per row down. */
     *h2d = (double)r->batch * (c->input + 1) * 4.0;
     *d2h = (double)r->batch * 8.0;
-    if (r->strategy == CASTOR_STRATEGY_CENTRAL || bench_mirrored_reduces_on_host(L, r->replicas)) {
+    if (r->strategy == CASTOR_STRATEGY_CENTRAL || bench_mirrored_reduces_on_host(L, r)) {
         /* central: the variables up, the gradient down, every replica;
          * mirrored through the host: the gradient down, the sum up. */
         *h2d += R * n4;
@@ -645,21 +753,32 @@ void bench_lower_bound(const bench_config *c, const bench_limits *L, bench_resul
     double tb = safe_div(r->h2d_per_step + r->d2h_per_step, L->both_all);
     r->t_transfer = fmax(fmax(th, td), tb);
 
-    /* Host memory: the reduction (reads R gradients, writes one), then the
+    /* Host: the reduction (reads R gradients, writes one), then the
      * optimizer wherever it runs in host memory: central's on the host;
-     * mirrored's on each emulated CPU device, whose memory is host memory. */
+     * mirrored's on each emulated CPU device, whose memory is host memory.
+     * The bytes are reported; the time is castor's own kernels at this
+     * model's size, measured alone on the host threads (a rate from a
+     * triad on arrays far larger than the model came out above what the
+     * runs' host phases took: not a bound). */
     double opt = (double)bench_optimizer_bytes(c->optimizer) * n;
     double reduce = (double)(R + 1) * sizeof(float) * n;
-    double bytes;
-    if (r->strategy == CASTOR_STRATEGY_CENTRAL)
-        bytes = reduce + opt;
+    int host_reduce = r->strategy == CASTOR_STRATEGY_CENTRAL || bench_mirrored_reduces_on_host(L, r);
+    int host_updates = r->strategy == CASTOR_STRATEGY_CENTRAL ? 1
+                       : L->cpu_devices < R                   ? L->cpu_devices
+                                                              : R;
+    r->host_bytes = (host_reduce ? reduce : 0.0) + host_updates * opt;
+    const bench_host_cost *hc = find_host_cost(L, r->params);
+    if (!host_reduce && host_updates == 0)
+        r->t_host = 0.0;  /* nothing of the step runs in host memory */
+    else if (!hc)
+        r->t_host = NAN;
     else
-        bytes = (bench_mirrored_reduces_on_host(L, R) ? reduce : 0.0) +
-                (L->cpu_devices < R ? L->cpu_devices : R) * opt;
-    r->host_bytes = bytes;
-    r->t_host = safe_div(bytes, L->triad_bw);
+        r->t_host = (host_reduce ? hc->reduce_s : 0.0) + host_updates * hc->opt_s;
 
-    double lb = fmax(fmax(r->t_transfer, r->t_compute), r->t_host);
+    /* A term that could not be measured leaves no bound: the largest of the
+     * others could be far below the true one. */
+    int measured = !isnan(r->t_transfer) && !isnan(r->t_compute) && !isnan(r->t_host);
+    double lb = measured ? fmax(fmax(r->t_transfer, r->t_compute), r->t_host) : NAN;
     r->lower_bound = lb;
     r->bound_by = !(lb > 0)                ? "-"
                   : lb == r->t_transfer    ? "transfer"

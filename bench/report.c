@@ -74,6 +74,13 @@ void bench_print_limits(FILE *out, const bench_config *c, const bench_limits *L)
     fmt_num(a, sizeof a, "%.3f", L->host_opt_rate / 1e9);
     fprintf(out, "  host optimizer   %8s G params/s (%s kernel alone, %d bytes/param)\n", a,
             castor_optimizer_kind_name(c->optimizer), bench_optimizer_bytes(c->optimizer));
+    for (int i = 0; i < L->n_host_costs; i++) {
+        const bench_host_cost *hc = &L->host_costs[i];
+        fmt_num(a, sizeof a, "%.3f", hc->reduce_s * 1e3);
+        fmt_num(b, sizeof b, "%.3f", hc->opt_s * 1e3);
+        fprintf(out, "  host step        %zu params: sum of %d gradients %s ms, %s update %s ms\n",
+                hc->params, L->replicas, a, castor_optimizer_kind_name(c->optimizer), b);
+    }
     double lo = INFINITY, hi = 0;
     for (int i = 0; i < L->n_gemms; i++)
         if (isfinite(L->gemms[i].gflops)) {
@@ -164,10 +171,12 @@ void bench_print_table(FILE *out, const bench_config *c, const bench_result *r, 
             "the largest).\n"
             "  compute: the step's GEMMs (forward, dW, dX) at the rates measured at their shapes, "
             "all replicas at once.\n"
-            "  host: bytes through host memory (reduction: R reads + 1 write; optimizer where it "
-            "runs in host\n"
-            "        memory) / triad rate. ratio: measured step / lower bound (1 = at the "
-            "limit).\n");
+            "  host: castor's host kernels at this model's size, timed alone (the 'host step' "
+            "limits): the sum of\n"
+            "        the gradients where it runs on the host, and each optimizer update that "
+            "runs in host memory.\n"
+            "  A term that could not be measured leaves no bound ('-'). ratio: measured step / "
+            "lower bound (1 = at the limit).\n");
     if (below)
         fprintf(out, "  !: below 1, the run beat its bound: the limits were measured while the "
                      "machine was busier than\n"
@@ -316,10 +325,25 @@ static cJSON *json_limits(const bench_limits *L)
     cli_json_int(o, "host_threads", L->host_threads);
     cli_json_int(o, "triad_elements", (int64_t)L->triad_elems);
     cli_json_str(o, "host_memory_method",
-                 "triad a[i] = b[i] + s*c[i] on float arrays split over the host pool, median of "
-                 "repeats after one untimed; counted as 12 bytes per element (reads of b and c, "
-                 "write of a; the write-allocate read of a is not counted, as in STREAM)");
+                 "triad a[i] = b[i] + s*c[i] on float arrays split over the host pool, fastest "
+                 "of repeats after one untimed; counted as 12 bytes per element (reads of b and "
+                 "c, write of a; the write-allocate read of a is not counted, as in STREAM)");
     cli_json_num(o, "host_optimizer_params_per_s", L->host_opt_rate);
+    cJSON *hs = cJSON_AddArrayToObject(o, "host_step");
+    for (int i = 0; hs && i < L->n_host_costs; i++) {
+        cJSON *e = cJSON_CreateObject();
+        if (!e)
+            break;
+        cli_json_int(e, "params", (int64_t)L->host_costs[i].params);
+        cli_json_num(e, "reduce_seconds", L->host_costs[i].reduce_s);
+        cli_json_num(e, "update_seconds", L->host_costs[i].opt_s);
+        cJSON_AddItemToArray(hs, e);
+    }
+    cli_json_str(o, "host_step_method",
+                 "castor's host kernels at each model size of the grid, alone on the host "
+                 "threads: the sum of every replica's gradient (castor__reduce_sum) and one "
+                 "optimizer update (castor__optim_apply), fastest of repeats after one untimed; "
+                 "the host term of the lower bound");
     cJSON *g = cJSON_AddArrayToObject(o, "gemm");
     for (int i = 0; g && i < L->n_gemms; i++) {
         const bench_gemm *x = &L->gemms[i];
@@ -337,7 +361,7 @@ static cJSON *json_limits(const bench_limits *L)
     }
     cli_json_str(o, "gemm_method",
                  "each shape (C m x n = op(A) m x k . op(B)) run on every replica's device at "
-                 "once, repeated, median per call; flops_per_s = 2mnk x replicas / seconds");
+                 "once, repeated, fastest trial per call; flops_per_s = 2mnk x replicas / seconds");
     cli_json_num(o, "seconds", L->seconds);
     cli_json_str(o, "note", L->note);
     return o;
