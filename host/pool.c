@@ -102,6 +102,12 @@ int castor__pool_create(int nthreads, castor__pool **out)
      * runs a handler on a library thread. */
     sigset_t all, old;
     sigfillset(&all);
+    /* Not the signals of a fault on the thread itself: blocked, the kernel
+     * kills the process outright, past every handler (a sanitizer's
+     * report, the application's crash handler). */
+    static const int faults[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT};
+    for (size_t i = 0; i < sizeof faults / sizeof *faults; i++)
+        sigdelset(&all, faults[i]);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     int made = 0;
     for (; made < nthreads; made++) {
