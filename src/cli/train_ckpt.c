@@ -7,6 +7,7 @@
  */
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -17,13 +18,14 @@
 
 /* ---- signals: stop after the current step --------------------------------- */
 
-static volatile sig_atomic_t g_stop_signal = 0;
+/* Lock-free atomics: the handler may run on any thread of the process (its
+ * OpenBLAS and CUDA threads too), and they are safe to use in one. */
+static atomic_int g_stop_signal = 0;
 /* A model file is being written (or the run is stopping and writes its last
  * one): a second signal then waits for the file to be whole, instead of
- * leaving its temporary file behind. Any thread may take the signal (the
- * process's OpenBLAS and CUDA threads too), so this is a flag the handler
- * reads, not a signal mask. */
-static volatile sig_atomic_t g_writing = 0, g_insisted = 0;
+ * leaving its temporary file behind. A flag the handler reads, not a signal
+ * mask, since any thread may take the signal. */
+static atomic_int g_writing = 0, g_insisted = 0;
 
 static void die_by(int sig)
 {
@@ -39,10 +41,10 @@ static void on_stop_signal(int sig)
 {
     if (g_stop_signal) {
         /* A second one: the user insists; die the default way now, or as
-         * soon as the file being written is complete. */
-        if (g_writing)
-            g_insisted = sig;
-        else
+         * soon as the file being written is complete. Noted before looking
+         * at g_writing, so that a writer finishing at this moment sees it. */
+        g_insisted = sig;
+        if (!g_writing)
             die_by(sig);
         return;
     }
