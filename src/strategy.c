@@ -151,7 +151,8 @@ int castor_strategy_create(castor_strategy **out, castor_strategy_kind kind, con
     if (s->opts.host_threads < 0 || s->opts.host_threads > 1024)
         return strategy_fail(s, CASTOR_INVALID, "host_threads must be 0..1024, not %d",
                              s->opts.host_threads);
-    snprintf(s->devices_spec, sizeof s->devices_spec, "%s", devices ? devices : "");
+    if (!(s->devices_spec = strdup(devices ? devices : "")))
+        return strategy_fail(s, CASTOR_NOMEM, "out of memory");
     int rc = open_devices(s, devices);
     if (rc)
         return rc;
@@ -183,6 +184,7 @@ void castor_strategy_free(castor_strategy *s)
         for (int i = 0; i < s->n_replicas; i++)
             cdev_destroy(s->devs[i]);
     free(s->devs);
+    free(s->devices_spec);
     free(s);
 }
 

@@ -51,7 +51,7 @@ struct castor_strategy {
     castor_strategy_kind kind;
     const castor__strategy_ops *ops;
     castor_strategy_options opts;
-    char devices_spec[256];
+    char *devices_spec;        /* the device list as given (malloc'd, whole) */
     int n_replicas;
     cdev **devs;               /* one per replica */
     int use_cuda;              /* any replica on a GPU */

@@ -404,3 +404,30 @@ Test(checkpoint, python_safetensors_reads_it)
     ckpt_snap_free(&s);
     ckpt_teardown(&fx);
 }
+
+Test(checkpoint, a_long_device_list_is_recorded_whole)
+{
+    /* The strategy kept the list in 256 bytes: a longer one (the old
+     * parser refused it; the new one takes any length) was cut short in
+     * the checkpoint's metadata. */
+    char devices[512] = "";
+    for (int i = 0; i < 60; i++)
+        strcat(devices, i ? ",cpu:1" : "cpu:1");
+    cr_assert_gt(strlen(devices), 300);
+    char *dir = support_tmpdir();
+    char *path = ckpt_path_in(dir, "many.safetensors");
+    castor_strategy *s = ckpt_make_strategy(CASTOR_STRATEGY_CENTRAL, devices);
+    castor_model *m = ckpt_make_model(s, LAYERS, ckpt_make_opt(CASTOR_OPT_SGD), 1);
+    cr_assert_eq(castor_model_save(m, path), CASTOR_OK, "%s", castor_model_errmsg(m));
+    castor__st_file f;
+    char err[256];
+    cr_assert_eq(castor__st_read(path, &f, err, sizeof err), CASTOR_OK, "%s", err);
+    const char *got = castor__st_meta_get(&f, "devices");
+    cr_assert(got && strcmp(got, devices) == 0, "devices '%s'", got ? got : "(none)");
+    castor__st_free(&f);
+    castor_model_free(m);
+    castor_strategy_free(s);
+    support_rmrf(dir);
+    free(dir);
+    free(path);
+}
