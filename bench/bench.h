@@ -56,6 +56,9 @@ typedef struct bench_config {
 typedef struct bench_host_cost {
     size_t params;
     double reduce_s, opt_s;
+    /* Mirrored on emulated CPU devices: every CPU replica's update at once,
+     * each single-threaded on its replica thread, as they run there. */
+    double replica_opt_s;
 } bench_host_cost;
 
 /* One GEMM as the replica loop (src/replica.c) issues it: C (m x n) = op(A) op(B)

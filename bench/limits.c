@@ -19,12 +19,16 @@
  *             (the two directions have their own streams, so they may overlap);
  *   compute   the sum of the step's GEMM times (each measured with every
  *             replica running it at once, the busiest replica's rows);
- *   host      bytes through host memory / triad rate: the reduction (reads R
- *             gradients, writes one) where it runs on the host (central;
- *             mirrored with several replicas not all on GPUs), and the
- *             optimizer where it runs in host memory (central's; mirrored's
- *             on each emulated CPU device, whose memory is host memory):
- *             Adam reads p, g, m, v and writes p, m, v, 28 bytes a parameter.
+ *   host      castor's own host kernels at the run's model size, timed
+ *             alone: the reduction of R gradients where it runs on the host
+ *             (central; mirrored with several replicas not all on GPUs, or
+ *             when NCCL could not start), and the optimizer where it runs in
+ *             host memory (central's on the host threads; mirrored's on each
+ *             emulated CPU device, all at once on their replica threads).
+ *             A rate from the triad was tried first and came out above what
+ *             the runs' own host phases took: the kernels' real cost at the
+ *             model's (often cache-sized) arrays is what bounds a step.
+ * Every limit is the fastest of its trials: other work only slows a trial.
  * Elementwise kernels (bias, activations, the loss) are left out of compute:
  * the bound only gets looser, never wrong.
  */
@@ -34,6 +38,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "device/device.h"
 #include "host/optim.h"
@@ -512,20 +517,53 @@ static const bench_host_cost *find_host_cost(const bench_limits *L, size_t param
 /* The reduction of R gradients and one optimizer step over n variables, as
  * the central strategy runs them (src/strategy.c, src/central.c), each the
  * fastest of a few trials after an untimed one. */
-static void measure_host_cost(const bench_config *c, bench_limits *L, castor__pool *hpool,
-                              bench_host_cost *hc)
+/* Each CPU replica's optimizer update on its own arrays, single-threaded,
+ * all at once on the replica threads (device/cpu's optimizer_step). */
+typedef struct replica_update {
+    const castor_optimizer *opt;
+    float *mem;    /* per CPU replica: p, g, m, v */
+    size_t n;
+    int64_t step;
+    int replicas;  /* CPU replicas: the pool may have GPU replicas' threads too */
+} replica_update;
+
+static void replica_update_task(void *ctx, int index, int count)
 {
-    hc->reduce_s = hc->opt_s = NAN;
+    (void)count;
+    const replica_update *u = ctx;
+    if (index >= u->replicas)
+        return;
+    float *p = u->mem + 4 * u->n * (size_t)index;
+    castor__optim_apply_range(u->opt, p, p + u->n, p + 2 * u->n, u->n, u->step, 0, u->n);
+}
+
+/* Host memory the bench may take for one measurement: half of what is free,
+ * so that a grid model the runs would refuse cannot swap the machine. */
+static size_t host_memory_allowance(void)
+{
+    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || size <= 0)
+        return SIZE_MAX;
+    return (size_t)pages / 2 * (size_t)size;
+}
+
+static void measure_host_cost(const bench_config *c, bench_limits *L, castor__pool *hpool,
+                              castor__pool *rpool, bench_host_cost *hc)
+{
+    hc->reduce_s = hc->opt_s = hc->replica_opt_s = NAN;
     size_t n = hc->params;
     int R = L->replicas > 0 ? L->replicas : 1;
+    int cpu_reps = L->cpu_devices;
     castor_optimizer opt = castor_optimizer_defaults(c->optimizer);
-    /* R gradients, their sum, the variables and two optimizer slots. */
-    size_t arrays = (size_t)R + 4;
-    float *mem = n && arrays <= SIZE_MAX / sizeof(float) / n
-                     ? aligned_alloc(64, (arrays * n * sizeof(float) + 63) / 64 * 64)
-                     : NULL;
+    /* R gradients, their sum, the variables and two optimizer slots; and
+     * p, g, m, v for each CPU replica. */
+    size_t arrays = (size_t)R + 4 + 4 * (size_t)cpu_reps;
+    float *mem = NULL;
+    if (n && arrays <= SIZE_MAX / sizeof(float) / n &&
+        arrays * n * sizeof(float) <= host_memory_allowance())
+        mem = aligned_alloc(64, (arrays * n * sizeof(float) + 63) / 64 * 64);
     if (!mem) {
-        note(L, "host kernels: out of host memory for %zu parameters", n);
+        note(L, "host kernels: no room in host memory for %zu parameters", n);
         return;
     }
     castor__pool_for(hpool, arrays * n, 0, fill_range, mem);
@@ -533,25 +571,40 @@ static void measure_host_cost(const bench_config *c, bench_limits *L, castor__po
     for (int i = 0; i < R; i++)
         srcs[i] = mem + (size_t)i * n;
     float *sum = mem + (size_t)R * n, *p = sum + n, *state = p + n;
+    replica_update u = {&opt, state + 2 * n, n, 1, cpu_reps};
     int trials = c->quick ? 3 : 5;
-    double tr[8], to[8];
+    double tr[8], to[8], tu[8];
     for (int i = -1; i < trials; i++) {  /* i = -1: untimed */
+        int64_t step = i + 2;              /* optimizer steps count from 1 */
         double t0 = cli_now();
         castor__reduce_sum(hpool, sum, srcs, R, n);
         double t1 = cli_now();
-        castor__optim_apply(hpool, &opt, p, sum, state, n, 2 + i + 1);
+        castor__optim_apply(hpool, &opt, p, sum, state, n, step);
         double t2 = cli_now();
+        double t3 = t2;
+        if (cpu_reps > 0) {
+            u.step = step;
+            if (cpu_reps == 1)
+                replica_update_task(&u, 0, 1);
+            else
+                castor__pool_run(rpool, replica_update_task, &u);  /* replica i: CPU device i */
+            t3 = cli_now();
+        }
         if (i >= 0) {
             tr[i] = t1 - t0;
             to[i] = t2 - t1;
+            tu[i] = t3 - t2;
         }
     }
     hc->reduce_s = fastest(tr, trials);
     hc->opt_s = fastest(to, trials);
+    if (cpu_reps > 0)
+        hc->replica_opt_s = fastest(tu, trials);
     free(mem);
 }
 
-static int measure_host_costs(const bench_config *c, bench_limits *L, castor__pool *hpool)
+static int measure_host_costs(const bench_config *c, bench_limits *L, castor__pool *hpool,
+                              castor__pool *rpool)
 {
     for (int w = 0; w < c->n_widths; w++)
         for (int d = 0; d < c->n_depths; d++) {
@@ -567,7 +620,7 @@ static int measure_host_costs(const bench_config *c, bench_limits *L, castor__po
             hc->params = params;
             bench_progress("limits: host reduction and %s update, %zu parameters",
                            castor_optimizer_kind_name(c->optimizer), params);
-            measure_host_cost(c, L, hpool, hc);
+            measure_host_cost(c, L, hpool, rpool, hc);
         }
     return 0;
 }
@@ -639,11 +692,11 @@ int bench_limits_measure(const bench_config *c, bench_limits *L)
     bench_progress("limits: host memory (triad, %d threads, 3 x %zu MiB)", L->host_threads,
                    L->triad_elems * sizeof(float) >> 20);
     measure_host(c, L, hpool);
-    if (measure_host_costs(c, L, hpool))
-        note(L, "host kernels: out of memory");
     bench_progress("limits: copies host<->device (%zu MiB, %d device%s)", L->copy_bytes >> 20,
                    ds.n, ds.n > 1 ? "s" : "");
     measure_copies(c, L, &ds, pool);
+    if (measure_host_costs(c, L, hpool, pool))
+        note(L, "host kernels: out of memory");
     for (int i = 0; i < L->n_gemms; i++) {
         bench_gemm *g = &L->gemms[i];
         bench_progress("limits: GEMM %d/%d  %s%s m=%d n=%d k=%d", i + 1, L->n_gemms,
@@ -772,8 +825,10 @@ void bench_lower_bound(const bench_config *c, const bench_limits *L, bench_resul
         r->t_host = 0.0;  /* nothing of the step runs in host memory */
     else if (!hc)
         r->t_host = NAN;
-    else
-        r->t_host = (host_reduce ? hc->reduce_s : 0.0) + host_updates * hc->opt_s;
+    else if (r->strategy == CASTOR_STRATEGY_CENTRAL)
+        r->t_host = hc->reduce_s + hc->opt_s;
+    else  /* the CPU replicas' updates run at once, one thread each */
+        r->t_host = (host_reduce ? hc->reduce_s : 0.0) + hc->replica_opt_s;
 
     /* A term that could not be measured leaves no bound: the largest of the
      * others could be far below the true one. */

@@ -78,8 +78,13 @@ void bench_print_limits(FILE *out, const bench_config *c, const bench_limits *L)
         const bench_host_cost *hc = &L->host_costs[i];
         fmt_num(a, sizeof a, "%.3f", hc->reduce_s * 1e3);
         fmt_num(b, sizeof b, "%.3f", hc->opt_s * 1e3);
-        fprintf(out, "  host step        %zu params: sum of %d gradients %s ms, %s update %s ms\n",
-                hc->params, L->replicas, a, castor_optimizer_kind_name(c->optimizer), b);
+        fprintf(out, "  host step        %zu params: sum of %d gradients %s ms, %s update %s ms", hc->params,
+                L->replicas, a, castor_optimizer_kind_name(c->optimizer), b);
+        if (L->cpu_devices > 0) {
+            fmt_num(a, sizeof a, "%.3f", hc->replica_opt_s * 1e3);
+            fprintf(out, "; %d CPU replicas' updates at once %s ms", L->cpu_devices, a);
+        }
+        fputc('\n', out);
     }
     double lo = INFINITY, hi = 0;
     for (int i = 0; i < L->n_gemms; i++)
@@ -317,7 +322,7 @@ static cJSON *json_limits(const bench_limits *L)
     cli_json_num(o, "h2d_one_replica_bytes_per_s", L->h2d_one);
     cli_json_num(o, "d2h_one_replica_bytes_per_s", L->d2h_one);
     cli_json_str(o, "copy_method",
-                 "median of timed copies through the device interface (copy_h2d / copy_d2h on "
+                 "fastest of timed copies through the device interface (copy_h2d / copy_d2h on "
                  "their own streams, then synchronize) between page-locked host buffers and "
                  "device memory, after one untimed; h2d/d2h/both_directions: every replica at "
                  "once, bytes summed over the replicas");
@@ -337,13 +342,15 @@ static cJSON *json_limits(const bench_limits *L)
         cli_json_int(e, "params", (int64_t)L->host_costs[i].params);
         cli_json_num(e, "reduce_seconds", L->host_costs[i].reduce_s);
         cli_json_num(e, "update_seconds", L->host_costs[i].opt_s);
+        cli_json_num(e, "cpu_replica_updates_seconds", L->host_costs[i].replica_opt_s);
         cJSON_AddItemToArray(hs, e);
     }
     cli_json_str(o, "host_step_method",
                  "castor's host kernels at each model size of the grid, alone on the host "
                  "threads: the sum of every replica's gradient (castor__reduce_sum) and one "
-                 "optimizer update (castor__optim_apply), fastest of repeats after one untimed; "
-                 "the host term of the lower bound");
+                 "optimizer update (castor__optim_apply), and each emulated CPU replica's update "
+                 "at once on its replica thread (mirrored), fastest of repeats after one "
+                 "untimed; the host term of the lower bound");
     cJSON *g = cJSON_AddArrayToObject(o, "gemm");
     for (int i = 0; g && i < L->n_gemms; i++) {
         const bench_gemm *x = &L->gemms[i];
