@@ -17,11 +17,13 @@
  *     leaves it as it was: read it right after a failure); castor_errstr()
  *     gives a static text for any status code;
  *   - a NULL handle or out-pointer, or a call in the wrong order, is
- *     CASTOR_MISUSE; a bad value is CASTOR_INVALID;
+ *     CASTOR_MISUSE (but see the *_parse functions); a bad value is
+ *     CASTOR_INVALID;
  *   - names (strategies, activations, optimizers, losses in the CLI) are
- *     matched without regard to case; the *_parse functions return
- *     CASTOR_INVALID for NULL or an unknown name and leave *out alone, the
- *     *_name functions "unknown" for a value out of range;
+ *     matched without regard to case (ASCII); the *_parse functions return
+ *     CASTOR_INVALID for an unknown or NULL name and for a NULL out, and
+ *     leave *out alone; the *_name functions give "unknown" for a value out
+ *     of range;
  *   - the library never prints and never exits: logging goes to the
  *     callback given in castor_strategy_options;
  *   - separate handles may be used from separate threads at once; one handle
