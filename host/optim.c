@@ -1,7 +1,6 @@
 #include "optim.h"
 
 #include <math.h>
-#include <strings.h>
 
 #include "src/util.h"
 
@@ -49,7 +48,7 @@ CASTOR_API int castor_optimizer_kind_parse(const char *name, castor_optimizer_ki
     if (!name || !out)
         return CASTOR_INVALID;
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
-        if (strcasecmp(name, castor_optimizer_kind_name(kinds[i])) == 0) {
+        if (castor__ascii_ieq(name, castor_optimizer_kind_name(kinds[i]))) {
             *out = kinds[i];
             return CASTOR_OK;
         }

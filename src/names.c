@@ -1,9 +1,9 @@
 /* Version, status texts, and the names of enum values (static tables). */
 #include <string.h>
-#include <strings.h>
 
 #include "castor.h"
 #include "device/device.h"
+#include "util.h"
 
 int castor_version_number(void)
 {
@@ -56,7 +56,7 @@ const char *castor_strategy_kind_name(castor_strategy_kind kind)
 int castor_strategy_kind_parse(const char *name, castor_strategy_kind *out)
 {
     for (int i = 0; name && out && i < 2; i++)
-        if (strcasecmp(name, strategy_names[i]) == 0) {
+        if (castor__ascii_ieq(name, strategy_names[i])) {
             *out = (castor_strategy_kind)i;
             return CASTOR_OK;
         }
@@ -71,7 +71,7 @@ const char *castor_activation_name(castor_activation act)
 int castor_activation_parse(const char *name, castor_activation *out)
 {
     for (int i = 0; name && out && i < 4; i++)
-        if (strcasecmp(name, activation_names[i]) == 0) {
+        if (castor__ascii_ieq(name, activation_names[i])) {
             *out = (castor_activation)i;
             return CASTOR_OK;
         }

@@ -106,3 +106,18 @@ float castor__strtof_c(const char *s, char **end)
     freelocale(c);
     return v;
 }
+
+int castor__ascii_ieq(const char *a, const char *b)
+{
+    for (;; a++, b++) {
+        int x = (unsigned char)*a, y = (unsigned char)*b;
+        if (x >= 'A' && x <= 'Z')
+            x += 'a' - 'A';
+        if (y >= 'A' && y <= 'Z')
+            y += 'a' - 'A';
+        if (x != y)
+            return 0;
+        if (!x)
+            return 1;
+    }
+}

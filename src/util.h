@@ -30,6 +30,10 @@ int castor__open_regular(const char *path, const char *kind, struct stat *st, ch
 void castor__format_g9(char *buf, size_t size, double v);
 float castor__strtof_c(const char *s, char **end);
 
+/* a and b equal but for the case of ASCII letters, whatever the locale
+ * (strcasecmp follows it: in a Turkish locale "I" is not "i"). */
+int castor__ascii_ieq(const char *a, const char *b);
+
 /* a * b into *out unless it overflows size_t; returns 0 on overflow. */
 int castor__mul_ok(size_t a, size_t b, size_t *out);
 
