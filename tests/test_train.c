@@ -327,14 +327,21 @@ static int refuse_alloc(cdev *dev, size_t bytes, void **out)
     return cdev_fail(dev, CASTOR_DEVICE, "%s: injected allocation failure", dev->name);
 }
 
+/* F -> 8:relu -> 3 (softmax cross-entropy), compiled central on cpu:2. */
+static castor_model *small_model_on_cpu2(castor_strategy **s)
+{
+    cr_assert_eq(castor_strategy_create(s, CASTOR_STRATEGY_CENTRAL, "cpu:2", NULL), CASTOR_OK);
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_create(&m, F), CASTOR_OK);
+    cr_assert_eq(castor_model_add_layers(m, "8:relu,3"), CASTOR_OK);
+    cr_assert_eq(castor_model_compile(m, *s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 1), CASTOR_OK);
+    return m;
+}
+
 Test(train, failed_grow_leaves_replicas_usable)
 {
     castor_strategy *s = NULL;
-    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu:2", NULL), CASTOR_OK);
-    castor_model *m = NULL;
-    castor_model_create(&m, F);
-    castor_model_add_layers(m, "8:relu,3");
-    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 1), CASTOR_OK);
+    castor_model *m = small_model_on_cpu2(&s);
     castor_dataset *ds = synthetic(6);
     castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
     fo.batch_size = 8;
@@ -367,11 +374,7 @@ Test(train, rows_near_int_max_grow_the_buffers_or_fail)
      * was then copied into one-row buffers). Now the growth is asked for,
      * and refused by the 1 GiB budget of the emulated devices. */
     castor_strategy *s = NULL;
-    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu:2", NULL), CASTOR_OK);
-    castor_model *m = NULL;
-    castor_model_create(&m, F);
-    castor_model_add_layers(m, "8:relu,3");
-    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 1), CASTOR_OK);
+    castor_model *m = small_model_on_cpu2(&s);
     float x[2 * F] = {0}, out[2 * 3];
     cr_assert_eq(castor_model_predict(m, x, 2, 2, out), CASTOR_OK, "%s", castor_model_errmsg(m));
     int rc = castor__runtime_ensure_rows(m, INT_MAX);
