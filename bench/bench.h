@@ -5,9 +5,10 @@
  *   bench.c   the grid of runs, one run through the public API
  *   flags.c   the flags, their defaults and the help text
  *   limits.c  the limits, measured in the same process: copy bandwidth over
- *             the device interface, host memory bandwidth (a triad on the
- *             host pool), the GEMM rate at the model's shapes; and each
- *             run's lower-bound step time from them
+ *             the device interface, the GEMM rate at the model's shapes;
+ *             and each run's lower-bound step time from them
+ *   host_limits.c  the host's: memory bandwidth (a triad on the host pool)
+ *             and castor's host reduction and optimizer at each model size
  *   report.c  the table on stdout, bench.csv, bench.json and bench.png
  *
  * The bench is part of the castor program (src/cli/ dispatches
@@ -137,6 +138,10 @@ void bench_progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void bench_progress_done(void);
 
 /* ---- limits.c ---- */
+/* Append to L->note (the limits' remarks, printed and in bench.json). */
+void bench_note(bench_limits *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The fastest of n trials (a limit: other work only slows a trial). */
+double bench_fastest(const double *v, int n);
 /* The GEMMs of one training step on one replica holding `rows` rows of the
  * model input -> width x depth -> classes, appended to out (capacity cap);
  * returns how many there are (which may exceed cap). */
@@ -167,6 +172,16 @@ int bench_mirrored_has_update_phase(const bench_limits *L, int replicas);
 /* Bytes one optimizer step moves through memory per parameter (reads and
  * writes of the variables, gradients and optimizer slots). */
 int bench_optimizer_bytes(castor_optimizer_kind kind);
+
+/* ---- host_limits.c ---- */
+/* The triad and the optimizer kernel alone (L->triad_bw, L->host_opt_rate). */
+struct castor__pool;
+void bench_measure_host(const bench_config *c, bench_limits *L, struct castor__pool *hpool);
+/* castor's host kernels at every model size of c's grid (L->host_costs);
+ * rpool has a thread per replica. -1 when out of memory. */
+int bench_measure_host_costs(const bench_config *c, bench_limits *L, struct castor__pool *hpool,
+                             struct castor__pool *rpool);
+const bench_host_cost *bench_find_host_cost(const bench_limits *L, size_t params);
 
 /* ---- report.c ---- */
 void bench_print_limits(FILE *out, const bench_config *c, const bench_limits *L);

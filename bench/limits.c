@@ -5,11 +5,8 @@
  *                    interface, between page-locked host buffers and device
  *                    memory: one replica alone, every replica at once, and
  *                    every replica copying both ways at once;
- *   host memory      a triad a[i] = b[i] + s*c[i] over arrays far larger than
- *                    the caches, split over a pool as large as the
- *                    strategy's host pool; counted as 12 bytes per element
- *                    (read b and c, write a), as STREAM counts it, without the
- *                    write-allocate read of a that most CPUs also do;
+ *   host             host memory bandwidth and castor's host kernels at each
+ *                    model size (host_limits.c);
  *   GEMM rate        every GEMM shape a training step issues, run on every
  *                    replica's device at once, as the step runs them.
  *
@@ -38,13 +35,10 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "device/device.h"
-#include "host/optim.h"
 #include "host/pinned.h"
 #include "host/pool.h"
-#include "host/reduce.h"
 #include "src/cli/args.h"
 #include "src/device_list.h"
 
@@ -52,8 +46,7 @@
  * bookkeeping there, so give them room for the largest GEMM. */
 #define CPU_LIMIT_BUDGET ((size_t)16 << 30)
 
-static void note(bench_limits *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void note(bench_limits *L, const char *fmt, ...)
+void bench_note(bench_limits *L, const char *fmt, ...)
 {
     size_t len = strlen(L->note);
     if (len + 2 >= sizeof L->note)
@@ -72,7 +65,7 @@ static void note(bench_limits *L, const char *fmt, ...)
 /* The fastest of n trials: a limit is what the machine can do, and other
  * work on it only ever slows a trial down (a median of a few short trials
  * on a busy machine came out 1.5-2.5x slow). Step times stay medians. */
-static double fastest(const double *v, int n)
+double bench_fastest(const double *v, int n)
 {
     double best = NAN;
     for (int i = 0; i < n; i++)
@@ -290,7 +283,7 @@ static double run_job(bench_limits *L, castor__pool *pool, job *j)
     double t = cli_now() - t0;
     for (int i = 0; i < j->ndev; i++) {
         if (j->status[i]) {
-            note(L, "%s: %s", j->ds->dev[i]->name, j->ds->dev[i]->errmsg);
+            bench_note(L, "%s: %s", j->ds->dev[i]->name, j->ds->dev[i]->errmsg);
             return NAN;
         }
     }
@@ -308,7 +301,7 @@ static double time_job(bench_limits *L, castor__pool *pool, job *j, int trials)
     for (int i = 0; i < trials; i++)
         if (isnan(t[i] = run_job(L, pool, j)))
             return NAN;
-    return fastest(t, trials);
+    return bench_fastest(t, trials);
 }
 
 static void free_bufs(devset *ds, dev_bufs *bufs)
@@ -347,7 +340,7 @@ static void measure_copies(const bench_config *c, bench_limits *L, devset *ds,
         dev_bufs *b = &bufs[i];
         if (castor__host_alloc(&b->h_src, bytes, ds->cuda) ||
             castor__host_alloc(&b->h_dst, bytes, ds->cuda)) {
-            note(L, "copies: out of host memory for %zu-byte buffers", bytes);
+            bench_note(L, "copies: out of host memory for %zu-byte buffers", bytes);
             goto out;
         }
         L->copy_pinned &= b->h_src.locked & b->h_dst.locked;
@@ -355,12 +348,12 @@ static void measure_copies(const bench_config *c, bench_limits *L, devset *ds,
         if (alloc_dev(ds->dev[i], bytes, &b->d_a, &b->a_bytes) ||
             alloc_dev(ds->dev[i], bytes, &b->d_b, &b->b_bytes) ||
             ds->dev[i]->iface->synchronize(ds->dev[i])) {
-            note(L, "copies: %s: %s", ds->dev[i]->name, ds->dev[i]->errmsg);
+            bench_note(L, "copies: %s: %s", ds->dev[i]->name, ds->dev[i]->errmsg);
             goto out;
         }
     }
     if (!L->copy_pinned)
-        note(L, "the copy buffers could not be page-locked (ulimit -l?): copies from "
+        bench_note(L, "the copy buffers could not be page-locked (ulimit -l?): copies from "
                 "pageable memory");
     job j = {.ds = ds, .bufs = bufs, .reps = 1, .bytes = bytes};
     double t;
@@ -398,7 +391,7 @@ static void measure_gemm(const bench_config *c, bench_limits *L, devset *ds, cas
         if (alloc_dev(dev, a, &bufs[i].d_a, &bufs[i].a_bytes) ||
             alloc_dev(dev, b, &bufs[i].d_b, &bufs[i].b_bytes) ||
             alloc_dev(dev, cc, &bufs[i].d_c, &bufs[i].c_bytes) || dev->iface->synchronize(dev)) {
-            note(L, "gemm %dx%dx%d: %s: %s", g->m, g->n, g->k, dev->name, dev->errmsg);
+            bench_note(L, "gemm %dx%dx%d: %s: %s", g->m, g->n, g->k, dev->name, dev->errmsg);
             goto out;
         }
     }
@@ -419,210 +412,10 @@ static void measure_gemm(const bench_config *c, bench_limits *L, devset *ds, cas
     for (int i = 0; i < trials; i++)
         if (isnan(t[i] = run_job(L, pool, &j)))
             goto out;
-    g->seconds = fastest(t, trials) / j.reps;
+    g->seconds = bench_fastest(t, trials) / j.reps;
     g->gflops = 2.0 * g->m * g->n * (double)g->k * ds->n / g->seconds / 1e9;
 out:
     free_bufs(ds, bufs);
-}
-
-/* ---- host memory ---------------------------------------------------------- */
-
-typedef struct host_job {
-    float *a, *b, *c;
-    float s;
-} host_job;
-
-#define TRIAD_BLOCK 1024
-
-/* restrict on parameters, where gcc takes it (on locals it did not, and the
- * loop stayed scalar: an arithmetic, not a memory, limit on few cores). */
-static void triad_kernel(float *restrict a, const float *restrict b, const float *restrict c,
-                         float s, size_t n)
-{
-    size_t i = 0;
-    /* Full blocks have a constant trip count, which gcc -O2 vectorises. */
-    for (; n - i >= TRIAD_BLOCK; i += TRIAD_BLOCK)
-        for (size_t k = 0; k < TRIAD_BLOCK; k++)
-            a[i + k] = b[i + k] + s * c[i + k];
-    for (; i < n; i++)
-        a[i] = b[i] + s * c[i];
-}
-
-static void triad_range(void *ctx, size_t begin, size_t end)
-{
-    const host_job *h = ctx;
-    triad_kernel(h->a + begin, h->b + begin, h->c + begin, h->s, end - begin);
-}
-
-static void fill_range(void *ctx, size_t begin, size_t end)
-{
-    float *p = ctx;
-    /* Written by the thread that will use it (first touch). */
-    for (size_t i = begin; i < end; i++)
-        p[i] = 1e-3f * (float)(i & 1023);
-}
-
-static void measure_host(const bench_config *c, bench_limits *L, castor__pool *hpool)
-{
-    size_t n = L->triad_elems;
-    /* Four arrays: the triad uses three; the optimizer p, g and two slots. */
-    float *mem = aligned_alloc(64, 4 * n * sizeof(float));
-    if (!mem) {
-        note(L, "triad: out of host memory for 4 x %zu floats", n);
-        return;
-    }
-    castor__pool_for(hpool, 4 * n, 0, fill_range, mem);
-    host_job h = {mem, mem + n, mem + 2 * n, 3.0f};
-    int trials = c->quick ? 3 : 7;
-    double t[16];
-    castor__pool_for(hpool, n, 0, triad_range, &h);  /* untimed */
-    for (int i = 0; i < trials; i++) {
-        double t0 = cli_now();
-        castor__pool_for(hpool, n, 0, triad_range, &h);
-        t[i] = cli_now() - t0;
-    }
-    L->triad_bw = 3.0 * sizeof(float) * (double)n / fastest(t, trials);
-
-    /* The optimizer kernel the central strategy runs, alone (a reference
-     * for the runs' host update rate). */
-    castor_optimizer opt = castor_optimizer_defaults(c->optimizer);
-    float *p = mem, *g = mem + n, *state = mem + 2 * n;
-    castor__optim_apply(hpool, &opt, p, g, state, n, 1);  /* untimed */
-    for (int i = 0; i < trials; i++) {
-        double t0 = cli_now();
-        castor__optim_apply(hpool, &opt, p, g, state, n, 2 + i);
-        t[i] = cli_now() - t0;
-    }
-    L->host_opt_rate = (double)n / fastest(t, trials);
-    free(mem);
-}
-
-/* ---- castor's host kernels at the grid's model sizes ------------------------- */
-
-/* Variables of the bench's model: input -> depth x width -> classes. */
-static size_t model_params(const bench_config *c, int width, int depth)
-{
-    size_t w = (size_t)width, in = (size_t)c->input, out = (size_t)c->classes;
-    return in * w + w + (size_t)(depth - 1) * (w * w + w) + w * out + out;
-}
-
-static const bench_host_cost *find_host_cost(const bench_limits *L, size_t params)
-{
-    for (int i = 0; i < L->n_host_costs; i++)
-        if (L->host_costs[i].params == params)
-            return &L->host_costs[i];
-    return NULL;
-}
-
-/* The reduction of R gradients and one optimizer step over n variables, as
- * the central strategy runs them (src/strategy.c, src/central.c), each the
- * fastest of a few trials after an untimed one. */
-/* Each CPU replica's optimizer update on its own arrays, single-threaded,
- * all at once on the replica threads (device/cpu's optimizer_step). */
-typedef struct replica_update {
-    const castor_optimizer *opt;
-    float *mem;    /* per CPU replica: p, g, m, v */
-    size_t n;
-    int64_t step;
-    int replicas;  /* CPU replicas: the pool may have GPU replicas' threads too */
-} replica_update;
-
-static void replica_update_task(void *ctx, int index, int count)
-{
-    (void)count;
-    const replica_update *u = ctx;
-    if (index >= u->replicas)
-        return;
-    float *p = u->mem + 4 * u->n * (size_t)index;
-    castor__optim_apply_range(u->opt, p, p + u->n, p + 2 * u->n, u->n, u->step, 0, u->n);
-}
-
-/* Host memory the bench may take for one measurement: half of what is free,
- * so that a grid model the runs would refuse cannot swap the machine. */
-static size_t host_memory_allowance(void)
-{
-    long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-    if (pages <= 0 || size <= 0)
-        return SIZE_MAX;
-    return (size_t)pages / 2 * (size_t)size;
-}
-
-static void measure_host_cost(const bench_config *c, bench_limits *L, castor__pool *hpool,
-                              castor__pool *rpool, bench_host_cost *hc)
-{
-    hc->reduce_s = hc->opt_s = hc->replica_opt_s = NAN;
-    size_t n = hc->params;
-    int R = L->replicas > 0 ? L->replicas : 1;
-    int cpu_reps = L->cpu_devices;
-    castor_optimizer opt = castor_optimizer_defaults(c->optimizer);
-    /* R gradients, their sum, the variables and two optimizer slots; and
-     * p, g, m, v for each CPU replica. */
-    size_t arrays = (size_t)R + 4 + 4 * (size_t)cpu_reps;
-    float *mem = NULL;
-    if (n && arrays <= SIZE_MAX / sizeof(float) / n &&
-        arrays * n * sizeof(float) <= host_memory_allowance())
-        mem = aligned_alloc(64, (arrays * n * sizeof(float) + 63) / 64 * 64);
-    if (!mem) {
-        note(L, "host kernels: no room in host memory for %zu parameters", n);
-        return;
-    }
-    castor__pool_for(hpool, arrays * n, 0, fill_range, mem);
-    const float *srcs[CASTOR__MAX_REPLICAS];
-    for (int i = 0; i < R; i++)
-        srcs[i] = mem + (size_t)i * n;
-    float *sum = mem + (size_t)R * n, *p = sum + n, *state = p + n;
-    replica_update u = {&opt, state + 2 * n, n, 1, cpu_reps};
-    int trials = c->quick ? 3 : 5;
-    double tr[8], to[8], tu[8];
-    for (int i = -1; i < trials; i++) {  /* i = -1: untimed */
-        int64_t step = i + 2;              /* optimizer steps count from 1 */
-        double t0 = cli_now();
-        castor__reduce_sum(hpool, sum, srcs, R, n);
-        double t1 = cli_now();
-        castor__optim_apply(hpool, &opt, p, sum, state, n, step);
-        double t2 = cli_now();
-        double t3 = t2;
-        if (cpu_reps > 0) {
-            u.step = step;
-            if (cpu_reps == 1)
-                replica_update_task(&u, 0, 1);
-            else
-                castor__pool_run(rpool, replica_update_task, &u);  /* replica i: CPU device i */
-            t3 = cli_now();
-        }
-        if (i >= 0) {
-            tr[i] = t1 - t0;
-            to[i] = t2 - t1;
-            tu[i] = t3 - t2;
-        }
-    }
-    hc->reduce_s = fastest(tr, trials);
-    hc->opt_s = fastest(to, trials);
-    if (cpu_reps > 0)
-        hc->replica_opt_s = fastest(tu, trials);
-    free(mem);
-}
-
-static int measure_host_costs(const bench_config *c, bench_limits *L, castor__pool *hpool,
-                              castor__pool *rpool)
-{
-    for (int w = 0; w < c->n_widths; w++)
-        for (int d = 0; d < c->n_depths; d++) {
-            size_t params = model_params(c, c->widths[w], c->depths[d]);
-            if (find_host_cost(L, params))
-                continue;
-            bench_host_cost *grown =
-                realloc(L->host_costs, (size_t)(L->n_host_costs + 1) * sizeof *grown);
-            if (!grown)
-                return -1;
-            L->host_costs = grown;
-            bench_host_cost *hc = &L->host_costs[L->n_host_costs++];
-            hc->params = params;
-            bench_progress("limits: host reduction and %s update, %zu parameters",
-                           castor_optimizer_kind_name(c->optimizer), params);
-            measure_host_cost(c, L, hpool, rpool, hc);
-        }
-    return 0;
 }
 
 /* ---- all of it ------------------------------------------------------------ */
@@ -691,12 +484,12 @@ int bench_limits_measure(const bench_config *c, bench_limits *L)
 
     bench_progress("limits: host memory (triad, %d threads, 3 x %zu MiB)", L->host_threads,
                    L->triad_elems * sizeof(float) >> 20);
-    measure_host(c, L, hpool);
+    bench_measure_host(c, L, hpool);
     bench_progress("limits: copies host<->device (%zu MiB, %d device%s)", L->copy_bytes >> 20,
                    ds.n, ds.n > 1 ? "s" : "");
     measure_copies(c, L, &ds, pool);
-    if (measure_host_costs(c, L, hpool, pool))
-        note(L, "host kernels: out of memory");
+    if (bench_measure_host_costs(c, L, hpool, pool))
+        bench_note(L, "host kernels: out of memory");
     for (int i = 0; i < L->n_gemms; i++) {
         bench_gemm *g = &L->gemms[i];
         bench_progress("limits: GEMM %d/%d  %s%s m=%d n=%d k=%d", i + 1, L->n_gemms,
@@ -820,7 +613,7 @@ void bench_lower_bound(const bench_config *c, const bench_limits *L, bench_resul
                        : L->cpu_devices < R                   ? L->cpu_devices
                                                               : R;
     r->host_bytes = (host_reduce ? reduce : 0.0) + host_updates * opt;
-    const bench_host_cost *hc = find_host_cost(L, r->params);
+    const bench_host_cost *hc = bench_find_host_cost(L, r->params);
     if (!host_reduce && host_updates == 0)
         r->t_host = 0.0;  /* nothing of the step runs in host memory */
     else if (!hc)
