@@ -149,3 +149,36 @@ castor_dataset *support_synthetic(uint64_t seed, int n, int features, int classe
     free(y);
     return ds;
 }
+
+size_t support_idx_build(unsigned char *buf, int type, int rank, const uint32_t *dims,
+                         const void *payload, size_t payload_len)
+{
+    buf[0] = 0;
+    buf[1] = 0;
+    buf[2] = (unsigned char)type;
+    buf[3] = (unsigned char)rank;
+    size_t p = 4;
+    for (int i = 0; i < rank; i++)
+        p += support_put_be32(buf + p, dims[i]);
+    if (payload_len)
+        memcpy(buf + p, payload, payload_len);
+    return p + payload_len;
+}
+
+size_t support_idx_build_ubyte(unsigned char *buf, int rank, const uint32_t *dims,
+                               size_t data_len)
+{
+    size_t p = support_idx_build(buf, 0x08, rank, dims, NULL, 0);
+    for (size_t i = 0; i < data_len; i++)
+        buf[p++] = (unsigned char)(i * 7);
+    return p;
+}
+
+const char *support_write_gz_in(char *path, const char *name, const void *bytes, size_t len)
+{
+    size_t gz_len;
+    unsigned char *gz = support_gzip(bytes, len, &gz_len);
+    support_write_in(path, name, gz, gz_len);
+    free(gz);
+    return path;
+}

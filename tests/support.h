@@ -22,6 +22,16 @@ const char *support_path_in(char *buf, const char *name);
 /* Writes bytes to support_dir/name, its path in path (SUPPORT_PATH_LEN
  * bytes); fails the test if it cannot. Returns path. */
 const char *support_write_in(char *path, const char *name, const void *bytes, size_t len);
+/* An IDX file in buf: the header for `type` (0x08 ubyte, 0x0D float, ...)
+ * and dims, then payload_len bytes of payload (none if NULL); its length. */
+size_t support_idx_build(unsigned char *buf, int type, int rank, const uint32_t *dims,
+                         const void *payload, size_t payload_len);
+/* A ubyte IDX file: the header, then data_len bytes counting by 7. */
+size_t support_idx_build_ubyte(unsigned char *buf, int rank, const uint32_t *dims,
+                               size_t data_len);
+/* bytes gzipped into support_dir/name, its path in path (SUPPORT_PATH_LEN
+ * bytes); returns path. */
+const char *support_write_gz_in(char *path, const char *name, const void *bytes, size_t len);
 /* v big-endian into p[0..4); returns 4. */
 size_t support_put_be32(unsigned char *p, uint32_t v);
 /* bytes as one gzip member, in a malloc'd buffer of *out_len bytes. */

@@ -34,12 +34,7 @@ static void assert_printable(const char *msg)
 /* A ubyte IDX file: header for dims, then `data` bytes of a pattern. */
 static size_t build_idx(unsigned char *buf, int rank, const uint32_t *dims, size_t data)
 {
-    buf[0] = buf[1] = 0;
-    buf[2] = 0x08;
-    buf[3] = (unsigned char)rank;
-    size_t p = 4;
-    for (int i = 0; i < rank; i++)
-        p += support_put_be32(buf + p, dims[i]);
+    size_t p = support_idx_build(buf, 0x08, rank, dims, NULL, 0);
     for (size_t i = 0; i < data; i++)
         buf[p++] = (unsigned char)(i % 3);
     return p;
