@@ -295,7 +295,10 @@ typedef struct castor_fit_options {
 
 /* last_epoch (may be NULL) gets the metrics of the last epoch that ended in
  * this call, over the samples this call trained of it; {NaN, NaN, 0} when
- * none ended. */
+ * none ended. An epoch left part-way (max_steps, a stop, a checkpoint taken
+ * mid-epoch) is finished first, over the order of samples it started with:
+ * fit returns CASTOR_MISMATCH, training nothing, unless the batch size, the
+ * number of training samples and the shuffle flag are the epoch's. */
 CASTOR_API int castor_model_fit(castor_model *model, const castor_dataset *train,
                                 const castor_fit_options *options, castor_metrics *last_epoch);
 CASTOR_API int castor_model_evaluate(castor_model *model, const castor_dataset *data,

@@ -21,6 +21,11 @@
  *     beta1, beta2, epsilon, weight_decay (floats as %.9g: they read back
  *     exactly)
  *   seed, step, epoch, step_in_epoch, epoch_batch
+ *   epoch_samples, epoch_shuffle   the training samples the epoch in progress
+ *                   is over and whether it is shuffled ("1"/"0"): with the
+ *                   batch they fix its order, so fit refuses to finish it on
+ *                   other data. Optional: files written before these keys
+ *                   lack them, and such an epoch is not checked.
  *   rng             how the random streams follow from the seed: weights from
  *                   stream (seed, init), epoch e's shuffle from stream
  *                   (seed, shuffle, e) (src/rng.h), so seed and epoch are the
@@ -193,6 +198,8 @@ typedef struct ckpt_info {
     uint64_t seed;
     int64_t step, epoch, step_in_epoch;
     int epoch_batch;
+    uint64_t epoch_samples;  /* 0: not in the file */
+    int epoch_shuffle;       /* -1: not in the file */
     uint32_t crc;
 } ckpt_info;
 
@@ -302,6 +309,16 @@ static int read_info(const castor__st_file *f, const char *path, ckpt_info *info
     if (info->step_in_epoch > 0 && info->epoch_batch == 0)
         return bad_value(path, "epoch_batch", v, "a batch size (an epoch is in progress)", err,
                          errlen);
+    /* Optional: older files lack them. */
+    if ((v = castor__st_meta_get(f, "epoch_samples")) &&
+        (parse_uint(v, UINT32_MAX, &info->epoch_samples) || info->epoch_samples == 0))
+        return bad_value(path, "epoch_samples", v, "a positive whole number", err, errlen);
+    info->epoch_shuffle = -1;
+    if ((v = castor__st_meta_get(f, "epoch_shuffle"))) {
+        if (parse_uint(v, 1, &u))
+            return bad_value(path, "epoch_shuffle", v, "0 or 1", err, errlen);
+        info->epoch_shuffle = (int)u;
+    }
 
     if ((rc = need(f, path, "crc32", &v, err, errlen)))
         return rc;
@@ -488,6 +505,8 @@ static int load_parsed(castor_model *m, const castor__st_file *f, const char *pa
     m->epoch = info.epoch;
     m->step_in_epoch = info.step_in_epoch;
     m->epoch_batch = info.epoch_batch;
+    m->epoch_samples = info.epoch_samples;
+    m->epoch_shuffle = info.epoch_shuffle;
     m->host_params_current = 1;
     m->params_version++;
     rc = m->strategy->ops->push(m);
@@ -660,6 +679,10 @@ int castor_model_save(castor_model *m, const char *path)
     META_F("epoch", "%" PRId64, m->epoch);
     META_F("step_in_epoch", "%" PRId64, m->step_in_epoch);
     META_F("epoch_batch", "%d", m->epoch_batch);
+    if (m->epoch_samples)
+        META_F("epoch_samples", "%" PRIu64, m->epoch_samples);
+    if (m->epoch_shuffle >= 0)
+        META_F("epoch_shuffle", "%d", m->epoch_shuffle);
     META_S("rng", CKPT_RNG);
     META_S("strategy", m->strategy->ops->name);
     META_S("devices", m->strategy->devices_spec);

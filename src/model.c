@@ -257,6 +257,8 @@ int castor_model_compile(castor_model *m, castor_strategy *s, castor_loss loss,
     castor__host_free(&m->opt_state);
     m->step = m->epoch = m->step_in_epoch = 0;
     m->epoch_batch = 0;
+    m->epoch_samples = 0;
+    m->epoch_shuffle = -1;
     m->inconsistent = 0;
 
     m->loss = loss;

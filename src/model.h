@@ -49,6 +49,11 @@ struct castor_model {
     int64_t epoch;           /* epochs completed */
     int64_t step_in_epoch;   /* steps done in the epoch in progress */
     int epoch_batch;         /* batch size of the epoch in progress */
+    /* The rest of what fixes its order of samples: the training samples it
+     * is over (0: unknown, from an older checkpoint) and whether they are
+     * shuffled (-1: unknown). */
+    uint64_t epoch_samples;
+    int epoch_shuffle;
     uint64_t params_version; /* bumped whenever the variables change */
 
     /* Set when a device failed half-way through an update that the strategy

@@ -2,6 +2,7 @@
  * fit, evaluate, predict: batching and shuffling on the host, the step
  * handed to the strategy, progress reported after every step.
  */
+#include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -219,6 +220,16 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
                                   "fit: the epoch in progress was started with batch size %d; "
                                   "finish it with the same batch size, not %d",
                                   m->epoch_batch, o->batch_size);
+    if (m->step_in_epoch > 0 && m->epoch_samples && m->epoch_samples != train->n)
+        return castor__model_fail(m, CASTOR_MISMATCH,
+                                  "fit: the epoch in progress is over %" PRIu64 " training "
+                                  "samples, this data has %zu; finish it on the same data",
+                                  m->epoch_samples, train->n);
+    if (m->step_in_epoch > 0 && m->epoch_shuffle >= 0 && m->epoch_shuffle != !!o->shuffle)
+        return castor__model_fail(m, CASTOR_MISMATCH,
+                                  "fit: the epoch in progress was started %s; finish it %s",
+                                  m->epoch_shuffle ? "shuffled" : "unshuffled",
+                                  m->epoch_shuffle ? "shuffled" : "unshuffled");
 
     int64_t steps_per_epoch = (int64_t)((train->n + (size_t)o->batch_size - 1) /
                                         (size_t)o->batch_size);
@@ -251,6 +262,8 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
             for (size_t i = 0; i < train->n; i++)
                 perm[i] = (uint32_t)i;
         m->epoch_batch = o->batch_size;
+        m->epoch_samples = train->n;
+        m->epoch_shuffle = !!o->shuffle;
         double loss = 0, correct = 0;
         size_t seen = 0;
         while (m->step_in_epoch < steps_per_epoch) {

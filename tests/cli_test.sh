@@ -797,6 +797,12 @@ if [[ $rc -eq 1 && $(lines "$T/err") -eq 1 ]] &&
 else
     bad "a checkpoint that cannot be written: status $rc" "$(cat "$T/err"; ls -la "$T/ck-fail")"
 fi
+# Step 4 of 8 in an epoch over 512 samples: finishing it over 448 (or
+# unshuffled) would visit some samples twice and others never (it trained on).
+expect_error 2 "--resume mid-epoch with another --validation-split" "${TRAIN[@]}" --devices cpu:2 \
+    --epochs 2 --resume "$T/ck-fail/ckpt-000000000004.safetensors" --validation-split 64
+grep -q -- "over 512 training samples.*has 448 (after --validation-split 64)" "$T/err" ||
+    bad "the error does not give both sample counts and the split" "$(cat "$T/err")"
 after=$(snapshot "$T/ck-empty" "$T/ck-bad" "$SAVED")
 if [[ "$before" == "$after" && ! -e "$T/ck-new" && ! -e "$T/never.safetensors" ]]; then
     ok "the failed resumes and outputs changed nothing on disk"

@@ -293,6 +293,68 @@ Test(checkpoint, resume_with_another_batch_size_is_refused)
     free(path);
 }
 
+/* An epoch in progress goes on over the permutation it started with: other
+ * training data (fewer samples: a larger validation split) or another shuffle
+ * flag would visit some samples twice and others never. */
+static void refuse_other_epoch_data(int through_file, int other_n, int shuffle)
+{
+    char *dir = support_tmpdir();
+    char *path = ckpt_path_in(dir, "d.safetensors");
+    castor_dataset *ds = ckpt_synthetic();
+    castor_dataset *other = support_synthetic(5, other_n, F, C);
+    castor_strategy *s = ckpt_make_strategy(CASTOR_STRATEGY_CENTRAL, "cpu");
+    castor_model *m = ckpt_make_model(s, LAYERS, ckpt_make_opt(CASTOR_OPT_ADAM), 1);
+    ckpt_train_steps(m, ds, 3);
+    if (through_file) {
+        cr_assert_eq(castor_model_save(m, path), CASTOR_OK, "%s", castor_model_errmsg(m));
+        castor_model_free(m);
+        m = NULL;
+        cr_assert_eq(castor_model_open(&m, path, s), CASTOR_OK, "%s", castor_model_errmsg(m));
+    }
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.batch_size = BATCH;
+    fo.shuffle = shuffle;
+    int64_t step = castor_model_step(m);
+    cr_assert_eq(castor_model_fit(m, other, &fo, NULL), CASTOR_MISMATCH,
+                 "%s", castor_model_errmsg(m));
+    cr_assert(strstr(castor_model_errmsg(m), "epoch in progress"), "%s",
+              castor_model_errmsg(m));
+    cr_assert_eq(castor_model_step(m), step, "nothing trained");
+    /* The same data and flag finish the epoch; after it, any data will do. */
+    fo.shuffle = 1;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m));
+    cr_assert_eq(castor_model_step_in_epoch(m), 0);
+    fo.shuffle = shuffle;
+    cr_assert_eq(castor_model_fit(m, other, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m));
+    castor_model_free(m);
+    castor_strategy_free(s);
+    castor_dataset_free(other);
+    castor_dataset_free(ds);
+    support_rmrf(dir);
+    free(dir);
+    free(path);
+}
+
+Test(checkpoint, mid_epoch_fit_on_fewer_samples_is_refused)
+{
+    refuse_other_epoch_data(0, N - 10, 1);
+}
+
+Test(checkpoint, mid_epoch_resume_on_fewer_samples_is_refused)
+{
+    refuse_other_epoch_data(1, N - 10, 1);
+}
+
+Test(checkpoint, mid_epoch_resume_on_more_samples_is_refused)
+{
+    refuse_other_epoch_data(1, N + 40, 1);
+}
+
+Test(checkpoint, mid_epoch_resume_unshuffled_is_refused)
+{
+    refuse_other_epoch_data(1, N, 0);
+}
+
 /* ---- atomic writes ------------------------------------------------------------------------ */
 
 /* Names in dir other than "." and ".."; *count of them. */

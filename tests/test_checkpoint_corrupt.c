@@ -284,6 +284,45 @@ Test(checkpoint, extra_tensor)
 
 Test(checkpoint, bad_metadata_value) { corrupt_case(bad_step, CASTOR_FORMAT, "'step'"); }
 
+static void zero_epoch_samples(parts *p)
+{
+    edit(p, "\"epoch_samples\":\"101\"", "\"epoch_samples\":\"0\"");
+}
+static void two_epoch_shuffle(parts *p)
+{
+    edit(p, "\"epoch_shuffle\":\"1\"", "\"epoch_shuffle\":\"2\"");
+}
+/* As written before these keys existed. */
+static void no_epoch_order(parts *p)
+{
+    edit(p, "\"epoch_samples\":", "\"comment_a\":");
+    edit(p, "\"epoch_shuffle\":", "\"comment_b\":");
+}
+
+Test(checkpoint, bad_epoch_order)
+{
+    corrupt_case(zero_epoch_samples, CASTOR_FORMAT, "'epoch_samples' is '0'");
+    corrupt_case(two_epoch_shuffle, CASTOR_FORMAT, "'epoch_shuffle' is '2'");
+}
+
+Test(checkpoint, epoch_order_absent_from_older_files)
+{
+    fixture fx;
+    ckpt_setup(&fx);
+    write_bad(&fx, no_epoch_order);
+    cr_assert_eq(castor_model_load(fx.m, fx.bad), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
+    cr_assert_eq(castor_model_step_in_epoch(fx.m), 3);
+    /* Nothing to hold the epoch in progress to: it goes on over other data. */
+    castor_dataset *other = support_synthetic(5, N + 40, F, C);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.batch_size = BATCH;
+    fo.shuffle = 0;
+    cr_assert_eq(castor_model_fit(fx.m, other, &fo, NULL), CASTOR_OK, "%s",
+                 castor_model_errmsg(fx.m));
+    castor_dataset_free(other);
+    ckpt_teardown(&fx);
+}
+
 Test(checkpoint, not_a_castor_checkpoint)
 {
     corrupt_case(no_format, CASTOR_FORMAT, "not a castor checkpoint");

@@ -56,6 +56,7 @@ typedef struct cli_ckpt_meta {
     uint64_t seed;
     int64_t step, epoch, step_in_epoch;
     int epoch_batch;      /* the batch size of the last epoch trained */
+    int64_t epoch_samples; /* the training samples it is over; 0: not in the file */
     char strategy[32];    /* what wrote it: informational */
     char devices[128];
     int replicas;

@@ -138,6 +138,20 @@ int train_resume(train_run *r)
         snprintf(r->layers_spec, sizeof r->layers_spec, "%s", r->meta.layers);
     if ((rc = check_resume_flags(r)) != 0)
         return rc;
+    size_t samples = castor_dataset_size(r->train);
+    if (r->meta.step_in_epoch > 0 && r->meta.epoch_samples > 0 &&
+        (uint64_t)r->meta.epoch_samples != samples) {
+        char split[64] = "";
+        if (r->o.validation_split > 0)
+            snprintf(split, sizeof split, " (after --validation-split %d)",
+                     r->o.validation_split);
+        cli_errorf("--resume %s is %lld steps into an epoch over %lld training samples, but the "
+                   "training data here has %zu%s: finish that epoch on the same data (the same "
+                   "--data and --validation-split)",
+                   path, (long long)r->meta.step_in_epoch, (long long)r->meta.epoch_samples,
+                   samples, split);
+        return CLI_EXIT_USAGE;
+    }
     int features = castor_model_input_features(r->model);
     if (features != castor_dataset_features(r->train)) {
         cli_errorf("--resume %s: the model takes %d features per sample but the data in %s has "
