@@ -8,9 +8,9 @@
 
 #include "args.h"
 
-int cli_json_num(cJSON *obj, const char *key, double v)
+/* Adds item (NULL: creating it failed) to obj, or frees it. */
+static int add_item(cJSON *obj, const char *key, cJSON *item)
 {
-    cJSON *item = isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull();
     if (!item)
         return -1;
     if (!cJSON_AddItemToObject(obj, key, item)) {
@@ -18,6 +18,11 @@ int cli_json_num(cJSON *obj, const char *key, double v)
         return -1;
     }
     return 0;
+}
+
+int cli_json_num(cJSON *obj, const char *key, double v)
+{
+    return add_item(obj, key, isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull());
 }
 
 int cli_json_u64(cJSON *obj, const char *key, uint64_t v)
@@ -116,13 +121,7 @@ int cli_json_str(cJSON *obj, const char *key, const char *v)
         return -1;
     cJSON *item = clean ? cJSON_CreateString(clean) : cJSON_CreateNull();
     free(clean);
-    if (!item)
-        return -1;
-    if (!cJSON_AddItemToObject(obj, key, item)) {
-        cJSON_Delete(item);
-        return -1;
-    }
-    return 0;
+    return add_item(obj, key, item);
 }
 
 int cli_json_bool(cJSON *obj, const char *key, int v)
