@@ -122,13 +122,6 @@ static double rss_peak_now(void)
     return kib * 1024.0;
 }
 
-static double ru_maxrss_bytes(void)
-{
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru) != 0)
-        return NAN;
-    return (double)ru.ru_maxrss * 1024.0; /* KiB on Linux */
-}
 
 /* ---- other processes ---------------------------------------------------- */
 
@@ -250,10 +243,14 @@ static int fail_run(bench_result *r, const char *what, int rc, const char *msg)
     return -1;
 }
 
+/* *process_peak: the process's peak RSS so far. The reset before each run
+ * also clears what getrusage's ru_maxrss reports, so the bench keeps it. */
 static int run_one(const bench_config *c, const bench_limits *L, castor_strategy_kind kind,
-                   int width, int depth, int batch, const char *label, bench_result *r)
+                   int width, int depth, int batch, const char *label, bench_result *r,
+                   double *process_peak)
 {
     memset(r, 0, sizeof *r);
+    *process_peak = fmax(*process_peak, rss_peak_now());
     r->strategy = kind;
     r->width = width;
     r->depth = depth;
@@ -367,7 +364,7 @@ static int run_one(const bench_config *c, const bench_limits *L, castor_strategy
     ret = 0;
 out:
     r->rss_run = rss_peak_now();
-    r->rss_process = ru_maxrss_bytes();
+    r->rss_process = *process_peak = fmax(*process_peak, r->rss_run);
     free(st.t);
     castor_model_free(m);
     castor_dataset_free(ds);
@@ -451,8 +448,15 @@ int castor_cli_bench(int argc, char **argv)
                    strerror(errno));
         return CLI_EXIT_RUNTIME;
     }
+    /* Found out now, not after the whole grid has run. */
+    if (access(c.out_dir, W_OK | X_OK) != 0) {
+        cli_errorf("bench: cannot write in the output directory %s: %s", c.out_dir,
+                   strerror(errno));
+        return CLI_EXIT_RUNTIME;
+    }
 
     int failures = 0;
+    double process_peak = NAN;
     bench_limits L;
     if (bench_limits_measure(&c, &L)) {
         bench_progress_done();
@@ -484,7 +488,7 @@ int castor_cli_bench(int argc, char **argv)
                     bench_progress("%s ...", label);
                     bench_result *r = &res[i];
                     if (run_one(&c, &L, c.strategies[k], c.widths[w], c.depths[d], c.batches[b],
-                                label, r)) {
+                                label, r, &process_peak)) {
                         failures++;
                         bench_progress_done();
                         fprintf(stderr, "castor: %s: %s\n", label, r->error);
@@ -533,10 +537,12 @@ int castor_cli_bench(int argc, char **argv)
         cli_errorf("bench: cannot write %s: %s", path, strerror(errno));
         out_failed = 1;
     }
-    int plotted = bench_plot(c.out_dir, &c, res, total) == 0;
-    printf("\nwrote %s/bench.csv, bench.json%s  (%.1f s in all, %.1f s of it measuring "
-           "limits)\n",
-           c.out_dir, plotted ? ", bench.png" : " (no plot)", wall, L.seconds);
+    if (!out_failed) {
+        int plotted = bench_plot(c.out_dir, &c, res, total) == 0;
+        printf("\nwrote %s/bench.csv, bench.json%s  (%.1f s in all, %.1f s of it measuring "
+               "limits)\n",
+               c.out_dir, plotted ? ", bench.png" : " (no plot)", wall, L.seconds);
+    }
     fflush(stdout);
     bench_limits_free(&L);
     free(res);

@@ -77,7 +77,8 @@ typedef struct bench_limits {
     int replicas;             /* devices opened for the measurements: one per replica */
     int cpu_devices;          /* how many of them are emulated CPU devices */
     int gpus;                 /* distinct physical GPUs among them */
-    size_t copy_bytes;        /* size of each timed copy */
+    size_t copy_bytes;        /* bytes each trial copies per device, the largest copy */
+    size_t copy_min_bytes;    /* the smallest copy timed (rates: the fastest size) */
     int copy_pinned;          /* the host buffers were page-locked */
     double h2d_one, d2h_one;  /* one replica alone (replica 0's device) */
     double h2d_all, d2h_all;  /* all replicas copying at once, summed over them */
@@ -117,7 +118,7 @@ typedef struct bench_result {
     size_t host_pinned;                 /* bytes, run_stats.host_bytes */
     double rss_run;                     /* bytes, peak RSS during this run (VmHWM after a reset) */
     int rss_run_scoped;                 /* 0: the reset failed, rss_run is the process's peak */
-    double rss_process;                 /* bytes, getrusage ru_maxrss: process peak so far */
+    double rss_process;                 /* bytes, the process's peak RSS so far */
     double loss;                        /* running loss of the last step (a sanity check) */
 
     /* Lower bound from the limits. */
@@ -182,6 +183,8 @@ void bench_measure_host(const bench_config *c, bench_limits *L, struct castor__p
 int bench_measure_host_costs(const bench_config *c, bench_limits *L, struct castor__pool *hpool,
                              struct castor__pool *rpool);
 const bench_host_cost *bench_find_host_cost(const bench_limits *L, size_t params);
+/* Half of the host memory available now: the most one measurement takes. */
+size_t bench_host_memory_allowance(void);
 
 /* ---- report.c ---- */
 void bench_print_limits(FILE *out, const bench_config *c, const bench_limits *L);

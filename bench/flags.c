@@ -93,18 +93,34 @@ static void bench_usage(FILE *out)
             "  castor bench --devices cuda:0x2 --widths 1024,4096,8192 --batches 256,1024\n"
             "  make bench BENCH_ARGS='--quick' BENCH_OUT=/tmp/b\n"
             "\n"
-            "Exit status: 0 every run succeeded, 1 a run or the limits failed (the\n"
-            "files are still written), 2 a flag is wrong.\n");
+            "Exit status: 0 every run succeeded and the files were written (a limit\n"
+            "that cannot be measured is a warning: its runs get no bound); 1 a run\n"
+            "failed (the other runs and the files are still reported), the devices\n"
+            "could not be set up, or the files could not be written; 2 a flag is\n"
+            "wrong.\n");
 }
 
-/* "a,b,c" into ints in [lo, hi]. */
-static int parse_int_list(const char *flag, const char *s, int lo, int hi, int *out, int *n)
+/* A comma-separated list with no empty entries ("a,,b", ",a", "a,"), which
+ * are mistakes, not values. */
+static int check_list(const char *flag, const char *s, size_t max)
 {
-    char buf[1024];
-    if (strlen(s) >= sizeof buf) {
+    if (strlen(s) >= max) {
         cli_errorf("bench: --%s: list too long", flag);
         return -1;
     }
+    if (*s == ',' || (*s && s[strlen(s) - 1] == ',') || strstr(s, ",,")) {
+        cli_errorf("bench: --%s: empty entry in '%s'", flag, s);
+        return -1;
+    }
+    return 0;
+}
+
+/* "a,b,c" into distinct ints in [lo, hi]. */
+static int parse_int_list(const char *flag, const char *s, int lo, int hi, int *out, int *n)
+{
+    char buf[1024];
+    if (check_list(flag, s, sizeof buf))
+        return -1;
     snprintf(buf, sizeof buf, "%s", s);
     int k = 0;
     char *save = NULL;
@@ -115,6 +131,11 @@ static int parse_int_list(const char *flag, const char *s, int lo, int hi, int *
         }
         if (cli_parse_int(flag, tok, lo, hi, &out[k]))
             return -1;
+        for (int i = 0; i < k; i++)
+            if (out[i] == out[k]) {
+                cli_errorf("bench: --%s: %d is given twice", flag, out[k]);
+                return -1;
+            }
         k++;
     }
     if (k == 0) {
@@ -128,10 +149,8 @@ static int parse_int_list(const char *flag, const char *s, int lo, int hi, int *
 static int parse_strategies(const char *s, bench_config *c)
 {
     char buf[256];
-    if (strlen(s) >= sizeof buf) {
-        cli_errorf("bench: --strategies: list too long");
+    if (check_list("strategies", s, sizeof buf))
         return -1;
-    }
     snprintf(buf, sizeof buf, "%s", s);
     c->n_strategies = 0;
     char *save = NULL;
@@ -141,10 +160,12 @@ static int parse_strategies(const char *s, bench_config *c)
             cli_errorf("bench: --strategies: unknown strategy '%s' (central, mirrored)", tok);
             return -1;
         }
-        int dup = 0;
         for (int i = 0; i < c->n_strategies; i++)
-            dup |= c->strategies[i] == k;
-        if (!dup && c->n_strategies < 2)
+            if (c->strategies[i] == k) {
+                cli_errorf("bench: --strategies: %s is given twice", castor_strategy_kind_name(k));
+                return -1;
+            }
+        if (c->n_strategies < (int)(sizeof c->strategies / sizeof c->strategies[0]))
             c->strategies[c->n_strategies++] = k;
     }
     if (c->n_strategies == 0) {

@@ -1,8 +1,10 @@
 /*
  * The host's limits, for castor bench (see limits.c for how they are used):
  *
- *   host memory      a triad a[i] = b[i] + s*c[i] over arrays far larger than
- *                    the caches, split over a pool as large as the
+ *   host memory      a triad a[i] = b[i] + s*c[i] over three 64 MiB arrays
+ *                    (larger than most caches: a machine with a bigger
+ *                    last-level cache reports a cache rate; the figure is
+ *                    shown, not used in the bound), split over a pool as large as the
  *                    strategy's host pool; counted as 12 bytes per element
  *                    (read b and c, write a), as STREAM counts it, without the
  *                    write-allocate read of a that most CPUs also do; and the
@@ -16,6 +18,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -138,10 +141,22 @@ static void replica_update_task(void *ctx, int index, int count)
     castor__optim_apply_range(u->opt, p, p + u->n, p + 2 * u->n, u->n, u->step, 0, u->n);
 }
 
-/* Host memory the bench may take for one measurement: half of what is free,
- * so that a grid model the runs would refuse cannot swap the machine. */
-static size_t host_memory_allowance(void)
+/* Host memory the bench may take for one measurement: half of what is
+ * available (MemAvailable: free memory and the page cache the kernel can
+ * drop), so that a grid model the runs would refuse cannot swap the machine. */
+size_t bench_host_memory_allowance(void)
 {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[128];
+        unsigned long long kib = 0;
+        int found = 0;
+        while (!found && fgets(line, sizeof line, f))
+            found = sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+        fclose(f);
+        if (found)
+            return kib / 2 > SIZE_MAX / 1024 ? SIZE_MAX : (size_t)(kib / 2 * 1024);
+    }
     long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
     if (pages <= 0 || size <= 0)
         return SIZE_MAX;
@@ -161,7 +176,7 @@ static void measure_host_cost(const bench_config *c, bench_limits *L, castor__po
     size_t arrays = (size_t)R + 4 + 4 * (size_t)cpu_reps;
     float *mem = NULL;
     if (n && arrays <= SIZE_MAX / sizeof(float) / n &&
-        arrays * n * sizeof(float) <= host_memory_allowance())
+        arrays * n * sizeof(float) <= bench_host_memory_allowance())
         mem = aligned_alloc(64, (arrays * n * sizeof(float) + 63) / 64 * 64);
     if (!mem) {
         bench_note(L, "host kernels: no room in host memory for %zu parameters", n);

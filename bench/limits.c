@@ -283,7 +283,7 @@ static double run_job(bench_limits *L, castor__pool *pool, job *j)
     double t = cli_now() - t0;
     for (int i = 0; i < j->ndev; i++) {
         if (j->status[i]) {
-            bench_note(L, "%s: %s", j->ds->dev[i]->name, j->ds->dev[i]->errmsg);
+            bench_note(L, "%s", j->ds->dev[i]->errmsg); /* it names the device */
             return NAN;
         }
     }
@@ -328,6 +328,19 @@ static int alloc_dev(cdev *dev, size_t bytes, void **p, size_t *held)
     return dev->iface->memset0(dev, CDEV_STREAM_COMPUTE, *p, bytes) ? -1 : 0;
 }
 
+/* bytes/seconds, or the better of that and *best. */
+static void keep_fastest(double *best, double bytes, double seconds)
+{
+    double rate = bytes / seconds;
+    if (!(*best >= rate))
+        *best = rate;
+}
+
+/* Each rate is the fastest over copies of L->copy_bytes down to 1/4096 of it
+ * (every trial moves copy_bytes per device): a step copies whole arenas and
+ * single layers, and where the "device" is host memory (the emulated CPU
+ * devices) a copy that fits in a cache runs several times faster than one
+ * that does not; on a GPU the largest copy is the fastest. */
 static void measure_copies(const bench_config *c, bench_limits *L, devset *ds,
                            castor__pool *pool)
 {
@@ -336,6 +349,7 @@ static void measure_copies(const bench_config *c, bench_limits *L, devset *ds,
     size_t bytes = L->copy_bytes;
     int trials = c->quick ? 3 : 7;
     L->copy_pinned = 1;
+    L->copy_min_bytes = bytes >> 12;
     for (int i = 0; i < ds->n; i++) {
         dev_bufs *b = &bufs[i];
         if (castor__host_alloc(&b->h_src, bytes, ds->cuda) ||
@@ -348,32 +362,43 @@ static void measure_copies(const bench_config *c, bench_limits *L, devset *ds,
         if (alloc_dev(ds->dev[i], bytes, &b->d_a, &b->a_bytes) ||
             alloc_dev(ds->dev[i], bytes, &b->d_b, &b->b_bytes) ||
             ds->dev[i]->iface->synchronize(ds->dev[i])) {
-            bench_note(L, "copies: %s: %s", ds->dev[i]->name, ds->dev[i]->errmsg);
+            bench_note(L, "copies: %s", ds->dev[i]->errmsg);
             goto out;
         }
     }
     if (!L->copy_pinned)
         bench_note(L, "the copy buffers could not be page-locked (ulimit -l?): copies from "
                 "pageable memory");
-    job j = {.ds = ds, .bufs = bufs, .reps = 1, .bytes = bytes};
-    double t;
-    j.ndev = 1;
-    j.kind = JOB_H2D;
-    t = time_job(L, pool, &j, trials);
-    L->h2d_one = (double)bytes / t;
-    j.kind = JOB_D2H;
-    t = time_job(L, pool, &j, trials);
-    L->d2h_one = (double)bytes / t;
-    j.ndev = ds->n;
-    j.kind = JOB_H2D;
-    t = time_job(L, pool, &j, trials);
-    L->h2d_all = (double)bytes * ds->n / t;
-    j.kind = JOB_D2H;
-    t = time_job(L, pool, &j, trials);
-    L->d2h_all = (double)bytes * ds->n / t;
-    j.kind = JOB_BOTH;
-    t = time_job(L, pool, &j, trials);
-    L->both_all = 2.0 * (double)bytes * ds->n / t;
+    for (size_t size = L->copy_min_bytes; size <= bytes; size *= 4) {
+        job j = {.ds = ds, .bufs = bufs, .reps = (int)(bytes / size), .bytes = size};
+        double moved = (double)bytes, t;
+        j.ndev = 1;
+        j.kind = JOB_H2D;
+        if (isnan(t = time_job(L, pool, &j, trials)))
+            goto failed;
+        keep_fastest(&L->h2d_one, moved, t);
+        j.kind = JOB_D2H;
+        if (isnan(t = time_job(L, pool, &j, trials)))
+            goto failed;
+        keep_fastest(&L->d2h_one, moved, t);
+        j.ndev = ds->n;
+        j.kind = JOB_H2D;
+        if (isnan(t = time_job(L, pool, &j, trials)))
+            goto failed;
+        keep_fastest(&L->h2d_all, moved * ds->n, t);
+        j.kind = JOB_D2H;
+        if (isnan(t = time_job(L, pool, &j, trials)))
+            goto failed;
+        keep_fastest(&L->d2h_all, moved * ds->n, t);
+        j.kind = JOB_BOTH;
+        if (isnan(t = time_job(L, pool, &j, trials)))
+            goto failed;
+        keep_fastest(&L->both_all, 2.0 * moved * ds->n, t);
+    }
+    goto out;
+failed:
+    /* A rate measured at some sizes only could be below the true limit. */
+    L->h2d_one = L->d2h_one = L->h2d_all = L->d2h_all = L->both_all = NAN;
 out:
     free_bufs(ds, bufs);
 }
@@ -386,12 +411,21 @@ static void measure_gemm(const bench_config *c, bench_limits *L, devset *ds, cas
     size_t f = sizeof(float);
     size_t a = (size_t)g->m * (size_t)g->k * f, b = (size_t)g->k * (size_t)g->n * f,
            cc = (size_t)g->m * (size_t)g->n * f;
+    /* An emulated device's memory is host memory, and its budget here is
+     * only bookkeeping: a grid shape that the runs' budget would refuse must
+     * not take the machine's memory (a GPU refuses what it cannot hold). */
+    double host_bytes = ((double)a + (double)b + (double)cc) * (ds->n - ds->cuda);
+    if (host_bytes > (double)bench_host_memory_allowance()) {
+        bench_note(L, "gemm %dx%dx%d: %.0f MiB on the emulated devices is more than half the "
+                   "host memory available: not measured", g->m, g->n, g->k, host_bytes / 1048576.0);
+        return;
+    }
     for (int i = 0; i < ds->n; i++) {
         cdev *dev = ds->dev[i];
         if (alloc_dev(dev, a, &bufs[i].d_a, &bufs[i].a_bytes) ||
             alloc_dev(dev, b, &bufs[i].d_b, &bufs[i].b_bytes) ||
             alloc_dev(dev, cc, &bufs[i].d_c, &bufs[i].c_bytes) || dev->iface->synchronize(dev)) {
-            bench_note(L, "gemm %dx%dx%d: %s: %s", g->m, g->n, g->k, dev->name, dev->errmsg);
+            bench_note(L, "gemm %dx%dx%d: %s", g->m, g->n, g->k, dev->errmsg);
             goto out;
         }
     }
@@ -443,7 +477,7 @@ int bench_limits_measure(const bench_config *c, bench_limits *L)
             }
 
     L->host_threads = c->host_threads ? c->host_threads : castor__cpu_count();
-    L->triad_elems = (size_t)16 << 20; /* 3 x 64 MiB: beyond the L3 of the machines here */
+    L->triad_elems = (size_t)16 << 20; /* 3 x 64 MiB */
     L->copy_bytes = c->quick ? (size_t)16 << 20 : (size_t)64 << 20;
 
     char err[384] = "";

@@ -58,8 +58,10 @@ void bench_print_limits(FILE *out, const bench_config *c, const bench_limits *L)
     fprintf(out, "limits, measured in this run (%.1f s):\n", L->seconds);
     fmt_num(a, sizeof a, "%.2f", L->h2d_one / 1e9);
     fmt_num(b, sizeof b, "%.2f", L->h2d_all / 1e9);
-    fprintf(out, "  host->device     %8s GB/s one replica, %8s GB/s all %d at once  (%zu MiB copies%s)\n",
-            a, b, L->replicas, L->copy_bytes >> 20, L->copy_pinned ? ", pinned" : ", NOT pinned");
+    fprintf(out, "  host->device     %8s GB/s one replica, %8s GB/s all %d at once  (fastest of "
+                 "copies of %zu KiB .. %zu MiB%s)\n",
+            a, b, L->replicas, L->copy_min_bytes >> 10, L->copy_bytes >> 20,
+            L->copy_pinned ? ", pinned" : ", NOT pinned");
     fmt_num(a, sizeof a, "%.2f", L->d2h_one / 1e9);
     fmt_num(b, sizeof b, "%.2f", L->d2h_all / 1e9);
     fprintf(out, "  device->host     %8s GB/s one replica, %8s GB/s all %d at once\n", a, b,
@@ -93,7 +95,7 @@ void bench_print_limits(FILE *out, const bench_config *c, const bench_limits *L)
             hi = fmax(hi, L->gemms[i].gflops);
         }
     fmt_num(a, sizeof a, "%.1f", lo);
-    fmt_num(b, sizeof b, "%.1f", hi);
+    fmt_num(b, sizeof b, "%.1f", hi > 0 ? hi : NAN);
     fprintf(out, "  GEMM             %8s .. %s GFLOP/s over the %d shapes of the grid (every "
                  "replica at once; each in bench.json)\n",
             a, b, L->n_gemms);
@@ -145,7 +147,7 @@ void bench_print_table(FILE *out, const bench_config *c, const bench_result *r, 
             "  RSS MiB: the process's peak resident memory during the run (VmHWM reset before "
             "it%s;\n"
             "           on emulated CPU devices it includes their memory). bench.json also has "
-            "ru_maxrss.\n",
+            "the process's peak so far.\n",
             n > 0 && !r[0].rss_run_scoped ? "; * : the reset failed, peak of the process so far"
                                           : "");
 
@@ -183,10 +185,12 @@ void bench_print_table(FILE *out, const bench_config *c, const bench_result *r, 
             "  A term that could not be measured leaves no bound ('-'). ratio: measured step / "
             "lower bound (1 = at the limit).\n");
     if (below)
-        fprintf(out, "  !: below 1, the run beat its bound: the limits were measured while the "
-                     "machine was busier than\n"
-                     "     during the run (see the other processes' share above); rerun on a quiet "
-                     "machine.\n");
+        fprintf(out, "  !: below 1, the run beat its bound: a limit came out slower than this run's "
+                     "own work went, because\n"
+                     "     the machine was busier while the limits were measured (see the other "
+                     "processes' share above;\n"
+                     "     rerun on a quiet machine), or the run met a case the limits' trials "
+                     "missed (please report it).\n");
 }
 
 /* ---- CSV ---------------------------------------------------------------- */
@@ -315,6 +319,7 @@ static cJSON *json_limits(const bench_limits *L)
     cli_json_str(o, "backend", L->backend);
     cli_json_int(o, "replicas", L->replicas);
     cli_json_int(o, "copy_bytes", (int64_t)L->copy_bytes);
+    cli_json_int(o, "copy_min_bytes", (int64_t)L->copy_min_bytes);
     cli_json_bool(o, "copy_host_pinned", L->copy_pinned);
     cli_json_num(o, "h2d_bytes_per_s", L->h2d_all);
     cli_json_num(o, "d2h_bytes_per_s", L->d2h_all);
@@ -324,7 +329,8 @@ static cJSON *json_limits(const bench_limits *L)
     cli_json_str(o, "copy_method",
                  "fastest of timed copies through the device interface (copy_h2d / copy_d2h on "
                  "their own streams, then synchronize) between page-locked host buffers and "
-                 "device memory, after one untimed; h2d/d2h/both_directions: every replica at "
+                 "device memory, after one untimed, at every size from copy_min_bytes to "
+                 "copy_bytes by factors of 4 (each trial copying copy_bytes per device); h2d/d2h/both_directions: every replica at "
                  "once, bytes summed over the replicas");
     cli_json_num(o, "host_memory_bytes_per_s", L->triad_bw);
     cli_json_int(o, "host_threads", L->host_threads);
@@ -451,11 +457,13 @@ int bench_write_json(const char *path, const bench_config *c, const bench_limits
                  "(h2d+d2h)/both_directions_rate) with this run's bytes; compute = sum of the "
                  "step's GEMM times (forward x W, backward x^T dy and, above the first layer, "
                  "dy W^T) at the busiest replica's rows, measured with every replica at once; "
-                 "host = host_memory_bytes_per_step / host_memory_bytes_per_s, where the bytes "
-                 "are the host reduction's, (replicas + 1) x 4 x params (central; mirrored with "
-                 "several replicas not all on GPUs), plus the optimizer's wherever it runs in "
-                 "host memory (adam: 28 x params; central: once; mirrored: once per emulated "
-                 "CPU device, whose memory is host memory). Not counted: elementwise kernels, "
+                 "host = castor's own host kernels timed alone at the run's parameter count "
+                 "(limits.host_step): the sum of the replicas' gradients where it runs on the "
+                 "host (central; mirrored with several replicas not all on GPUs, or without "
+                 "NCCL), plus the optimizer update wherever it runs in host memory (central: once "
+                 "on the host threads; mirrored: every emulated CPU device's at once, one thread "
+                 "each); host_memory_bytes_per_step gives the bytes those kernels move. Not "
+                 "counted: elementwise kernels, "
                  "and mirrored's all-reduce between GPUs (NCCL or on a shared GPU), so the "
                  "bound only gets looser.");
     cJSON *runs = cJSON_AddArrayToObject(root, "runs");
@@ -516,18 +524,27 @@ static void gp_quoted(FILE *f, const char *s)
 typedef struct series {
     castor_strategy_kind kind;
     int batch;
-    int idx[256];
+    const int *idx;  /* its runs, by parameter count */
     int n;
 } series;
 
-static void sort_by_params(const bench_result *r, series *s)
+typedef struct run_key {
+    castor_strategy_kind kind;
+    int batch;
+    size_t params;
+    int idx;
+} run_key;
+
+static int cmp_run_key(const void *pa, const void *pb)
 {
-    for (int i = 1; i < s->n; i++)
-        for (int j = i; j > 0 && r[s->idx[j]].params < r[s->idx[j - 1]].params; j--) {
-            int t = s->idx[j];
-            s->idx[j] = s->idx[j - 1];
-            s->idx[j - 1] = t;
-        }
+    const run_key *a = pa, *b = pb;
+    if (a->kind != b->kind)
+        return a->kind < b->kind ? -1 : 1;
+    if (a->batch != b->batch)
+        return a->batch < b->batch ? -1 : 1;
+    if (a->params != b->params)
+        return a->params < b->params ? -1 : 1;
+    return a->idx < b->idx ? -1 : a->idx > b->idx;
 }
 
 /* A series' legend: its strategy, and its batch when the grid has several. */
@@ -609,31 +626,36 @@ int bench_plot(const char *dir, const bench_config *c, const bench_result *r, in
                         "installs it): no plot, CSV and JSON are written\n");
         return 1;
     }
-    series ser[2 * BENCH_MAX_LIST];
-    int nser = 0;
-    for (int i = 0; i < n; i++) {
-        if (!r[i].ok)
-            continue;
-        int k = 0;
-        while (k < nser && !(ser[k].kind == r[i].strategy && ser[k].batch == r[i].batch))
-            k++;
-        if (k == nser) {
-            if (nser == (int)(sizeof ser / sizeof ser[0]))
-                continue;
-            ser[nser].kind = r[i].strategy;
-            ser[nser].batch = r[i].batch;
-            ser[nser].n = 0;
-            nser++;
-        }
-        if (ser[k].n < (int)(sizeof ser[k].idx / sizeof ser[k].idx[0]))
-            ser[k].idx[ser[k].n++] = i;
+    /* A series per strategy and batch: the successful runs sorted by those
+     * and then by size, each series a stretch of them. */
+    run_key *keys = malloc((size_t)(n > 0 ? n : 1) * sizeof *keys);
+    int *slots = malloc((size_t)(n > 0 ? n : 1) * sizeof *slots);
+    series *ser = malloc((size_t)(n > 0 ? n : 1) * sizeof *ser);
+    if (!keys || !slots || !ser) {
+        free(keys);
+        free(slots);
+        free(ser);
+        fprintf(stderr, "castor: warning: bench: out of memory: no plot\n");
+        return 1;
     }
+    int nok = 0, nser = 0;
+    for (int i = 0; i < n; i++)
+        if (r[i].ok)
+            keys[nok++] = (run_key){r[i].strategy, r[i].batch, r[i].params, i};
+    qsort(keys, (size_t)nok, sizeof *keys, cmp_run_key);
+    for (int i = 0; i < nok; i++) {
+        slots[i] = keys[i].idx;
+        if (i == 0 || keys[i].kind != keys[i - 1].kind || keys[i].batch != keys[i - 1].batch)
+            ser[nser++] = (series){keys[i].kind, keys[i].batch, &slots[i], 0};
+        ser[nser - 1].n++;
+    }
+    free(keys);
     if (nser == 0) {
+        free(slots);
+        free(ser);
         fprintf(stderr, "castor: warning: bench: no run succeeded: no plot\n");
         return 1;
     }
-    for (int k = 0; k < nser; k++)
-        sort_by_params(r, &ser[k]);
 
     /* gnuplot may exit early: a write to its pipe must not kill us. */
     struct sigaction ign, old;
@@ -642,19 +664,51 @@ int bench_plot(const char *dir, const bench_config *c, const bench_result *r, in
     sigemptyset(&ign.sa_mask);
     sigaction(SIGPIPE, &ign, &old);
     fflush(NULL);
-    FILE *f = popen("gnuplot", "w");
+    /* gnuplot's stdout is ours: where `set output` fails it writes the PNG
+     * there. Its messages go to a file, for the warning if it fails. */
+    char log[] = "/tmp/castor-gnuplot-XXXXXX", cmd[64];
+    int log_fd = mkstemp(log);
+    if (log_fd >= 0)
+        close(log_fd);
+    snprintf(cmd, sizeof cmd, "gnuplot >/dev/null 2>%s", log_fd >= 0 ? log : "/dev/null");
+    FILE *f = popen(cmd, "w");
     int status = -1;
     if (f) {
         write_script(f, png, c, r, ser, nser);
         status = pclose(f);
     }
+    free(slots);
+    free(ser);
     sigaction(SIGPIPE, &old, NULL);
+    char why[200] = "";
+    if (log_fd >= 0) {
+        FILE *lf = fopen(log, "r");
+        char line[200];
+        /* Its messages, without the echoed command and the caret under it. */
+        for (int kept = 0; lf && kept < 2 && fgets(line, sizeof line, lf);) {
+            line[strcspn(line, "\r\n")] = '\0';
+            const char *text = line + strspn(line, " \t");
+            if (!text[strspn(text, " \t^")] || strncmp(text, "gnuplot>", 8) == 0)
+                continue;
+            size_t used = strlen(why);
+            used += (size_t)snprintf(why + used, sizeof why - used, "%s", kept++ ? "; " : ": ");
+            if (used >= sizeof why)
+                used = sizeof why - 1;
+            for (; *text && used + 1 < sizeof why; text++)
+                if (!(*text == ' ' && text[1] == ' '))  /* runs of spaces as one */
+                    why[used++] = *text;
+            why[used] = '\0';
+        }
+        if (lf)
+            fclose(lf);
+        unlink(log);
+    }
     struct stat sb;
     if (!f || status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
         stat(png, &sb) != 0 || sb.st_size == 0) {
-        fprintf(stderr, "castor: warning: bench: gnuplot failed (status %d): no plot, CSV and "
-                        "JSON are written\n",
-                status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        fprintf(stderr, "castor: warning: bench: gnuplot failed (status %d%s): no plot, CSV "
+                        "and JSON are written\n",
+                status != -1 && WIFEXITED(status) ? WEXITSTATUS(status) : -1, why);
         return 1;
     }
     return 0;

@@ -74,6 +74,44 @@ else
         "$(cat "$T/err")"
 fi
 
+# Empty entries and repeated values are mistakes, not values (they were
+# dropped, or ran the same model twice).
+for args in "--widths 64,,256" "--widths ,64" "--batches 8," "--widths 64,64" \
+    "--strategies ,central" "--strategies central,mirrored,central"; do
+    # shellcheck disable=SC2086
+    "$BIN" bench $args --out "$T/never" >"$T/out" 2>"$T/err"
+    rc=$?
+    if [[ $rc -eq 2 && $(wc -l <"$T/err") -eq 1 && ! -e "$T/never" ]] &&
+        grep -qE '^castor: bench: --[a-z]+: (empty entry|.* is given twice)' "$T/err"; then
+        ok "bench $args -> 2: $(cat "$T/err")"
+    else
+        bad "bench $args: want status 2 and one line; got $rc" "$(cat "$T/err")"
+    fi
+done
+
+# An output directory it cannot write in is refused before anything is
+# measured (it ran the whole grid, printed "wrote ..." and, where gnuplot
+# could not open bench.png, the PNG onto stdout). Root writes anywhere: the
+# check runs as nobody then.
+RO="$T/ro"
+mkdir "$RO" && chmod 555 "$RO" && chmod 711 "$T"
+as_user=()
+if [[ $(id -u) -eq 0 ]]; then as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups); fi
+if [[ $(id -u) -ne 0 ]] || command -v setpriv >/dev/null 2>&1; then
+    "${as_user[@]}" "$BIN" bench --quick --widths 8 --batches 8 --steps 1 --warmup 0 --input 16 \
+        --out "$RO" >"$T/out" 2>"$T/err"
+    rc=$?
+    if [[ $rc -eq 1 && ! -s "$T/out" && $(wc -l <"$T/err") -eq 1 ]] &&
+        grep -q "^castor: bench: cannot write in the output directory $RO: " "$T/err"; then
+        ok "bench --out a directory it cannot write in -> 1 before measuring"
+    else
+        bad "bench --out an unwritable directory: status $rc" "$(head -c 300 "$T/out"; cat "$T/err")"
+    fi
+else
+    ok "bench --out an unwritable directory: skipped (root without setpriv)"
+fi
+chmod 700 "$T"
+
 # ---- a quick run ----
 OUT="$T/out dir"  # a space in the path, for the gnuplot script's quoting
 start=$(date +%s%N)
@@ -172,6 +210,63 @@ else
     else
         bad "no gnuplot: want a warning on stderr and no bench.png"
     fi
+fi
+
+# ---- a limit that cannot be measured leaves its runs without a bound ----
+# An aligned_alloc that refuses more than 8 MB fails the copy buffers (16 MiB)
+# and the host kernels' arrays at width 256, not the runs themselves.
+cat >"$T/shim.c" <<'EOF'
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stddef.h>
+void *aligned_alloc(size_t align, size_t size)
+{
+    static void *(*real)(size_t, size_t);
+    if (size > 8000000) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (!real)
+        *(void **)&real = dlsym(RTLD_NEXT, "aligned_alloc");
+    return real(align, size);
+}
+EOF
+if ${CC:-cc} -shared -fPIC -o "$T/shim.so" "$T/shim.c" -ldl 2>"$T/cc.err"; then
+    LD_PRELOAD="$T/shim.so" timeout 300 "$BIN" bench --quick --devices cpu:2 --out "$T/nan" \
+        >"$T/stdout3" 2>"$T/stderr3"
+    rc=$?
+    if [[ $rc -eq 0 ]] && grep -q '^castor: warning: limits: .*copies: ' "$T/stderr3" &&
+        python3 - "$T/nan/bench.json" "$T/nan/bench.csv" "$T/stdout3" >"$T/json.out" 2>&1 <<'EOF'
+import csv, json, sys
+d = json.load(open(sys.argv[1]))
+assert d["limits"]["h2d_bytes_per_s"] is None, d["limits"]
+runs = d["runs"]
+assert len(runs) == 4 and all(r["ok"] for r in runs), runs
+for r in runs:
+    b = r["lower_bound"]
+    assert b["transfer_seconds"] is None and b["seconds"] is None, b
+    assert b["ratio"] is None and b["bound_by"] == "-", b
+    assert b["compute_seconds"] > 0, b
+    assert (b["host_seconds"] is None) == (r["width"] == 256), (r["width"], b)
+rows = list(csv.DictReader(open(sys.argv[2])))
+assert len(rows) == 4, rows
+for row in rows:
+    assert row["lower_bound_s"] == "" and row["ratio"] == "" and row["bound_by"] == "-", row
+    assert float(row["t_compute_s"]) > 0, row
+table = open(sys.argv[3]).read().split("against the limits")[1].splitlines()[2:6]
+for line in table:
+    f = line.split()
+    assert f[6] == "-" and f[10:] == ["-", "-", "-"], line
+print("ok")
+EOF
+    then
+        ok "a limit that fails to measure: a warning, '-' in the table, empty in CSV, null in JSON"
+    else
+        bad "a limit that fails to measure: status $rc" "$(cat "$T/json.out"; tail -n 3 "$T/stderr3")"
+    fi
+else
+    bad "cannot build the aligned_alloc shim" "$(cat "$T/cc.err")"
 fi
 
 # ---- BENCH_OUT ----
