@@ -125,6 +125,23 @@ int castor__optim_validate(const castor_optimizer *opt, char *err, size_t errlen
     return CASTOR_OK;
 }
 
+castor_optimizer castor__optim_normalized(const castor_optimizer *opt)
+{
+    castor_optimizer out = castor_optimizer_defaults(opt->kind);
+    out.learning_rate = opt->learning_rate;
+    if (opt->kind == CASTOR_OPT_SGD) {
+        out.momentum = opt->momentum;
+        out.nesterov = opt->nesterov;
+        return out;
+    }
+    out.beta1 = opt->beta1;
+    out.beta2 = opt->beta2;
+    out.epsilon = opt->epsilon;
+    if (opt->kind == CASTOR_OPT_ADAMW)
+        out.weight_decay = opt->weight_decay;
+    return out;
+}
+
 /* ---- the kernels: one pass over len variables, no calls, no aliasing ---- */
 
 static inline void sgd_kernel(float *restrict p, const float *restrict g, size_t len, float lr)

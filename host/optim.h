@@ -28,6 +28,9 @@ int castor__optim_slots(const castor_optimizer *opt);
 const char *castor__optim_slot_name(const castor_optimizer *opt, int slot);
 /* Check hyper-parameters; on error writes a message and returns CASTOR_INVALID. */
 int castor__optim_validate(const castor_optimizer *opt, char *err, size_t errlen);
+/* opt with the fields its kind does not read set to the kind's defaults:
+ * what a model keeps, so that a checkpoint never carries a stray NaN. */
+castor_optimizer castor__optim_normalized(const castor_optimizer *opt);
 
 /* Update variables [begin, end) of n; the kernel one thread runs. */
 void castor__optim_apply_range(const castor_optimizer *opt, float *params, const float *grads,

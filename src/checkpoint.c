@@ -121,7 +121,9 @@ static int parse_float(const char *s, float *out)
     char *end = NULL;
     errno = 0;
     float v = castor__strtof_c(s, &end);
-    if (*end || errno == ERANGE || v != v || v - v != 0.0f)
+    /* ERANGE on a finite result is a subnormal (or an underflow to 0, which
+     * the optimizer's own checks then judge): a value like any other. */
+    if (*end || v != v || v - v != 0.0f)
         return -1;
     *out = v;
     return 0;

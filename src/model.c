@@ -262,7 +262,7 @@ int castor_model_compile(castor_model *m, castor_strategy *s, castor_loss loss,
     m->inconsistent = 0;
 
     m->loss = loss;
-    m->opt = opt;
+    m->opt = castor__optim_normalized(&opt);
     m->opt_slots = castor__optim_slots(&opt);
     m->seed = seed;
     m->strategy = s;

@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <locale.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -353,6 +354,59 @@ Test(checkpoint, mid_epoch_resume_on_more_samples_is_refused)
 Test(checkpoint, mid_epoch_resume_unshuffled_is_refused)
 {
     refuse_other_epoch_data(1, N, 0);
+}
+
+/* Whatever compile accepts, save writes and load reads back: fields the
+ * optimizer does not read (they were written as "nan" and "inf"), and
+ * subnormal rates (strtof's ERANGE on them was taken for an error). */
+static void save_and_reload(castor_optimizer opt, const char *what)
+{
+    char *dir = support_tmpdir();
+    char *path = ckpt_path_in(dir, "o.safetensors");
+    castor_strategy *s = ckpt_make_strategy(CASTOR_STRATEGY_CENTRAL, "cpu");
+    castor_model *m = ckpt_make_model(s, LAYERS, opt, 3);
+    cr_assert_eq(castor_model_save(m, path), CASTOR_OK, "%s: %s", what, castor_model_errmsg(m));
+    castor_strategy *s2 = ckpt_make_strategy(CASTOR_STRATEGY_CENTRAL, "cpu");
+    castor_model *back = NULL;
+    cr_assert_eq(castor_model_open(&back, path, s2), CASTOR_OK, "%s: %s", what,
+                 castor_model_errmsg(back));
+    cr_assert_eq(castor_model_load(m, path), CASTOR_OK, "%s: %s", what, castor_model_errmsg(m));
+    /* The fields the optimizer reads come back exactly. */
+    const castor_optimizer *a = &m->opt, *b = &back->opt;
+    cr_assert_eq(a->kind, opt.kind, "%s", what);
+    cr_assert(a->learning_rate == opt.learning_rate && b->learning_rate == opt.learning_rate,
+              "%s: learning_rate %g", what, (double)b->learning_rate);
+    if (opt.kind == CASTOR_OPT_SGD)
+        cr_assert(b->momentum == opt.momentum && b->nesterov == opt.nesterov, "%s", what);
+    else
+        cr_assert(b->beta1 == opt.beta1 && b->beta2 == opt.beta2 && b->epsilon == opt.epsilon,
+                  "%s: epsilon %g", what, (double)b->epsilon);
+    castor_model_free(back);
+    castor_model_free(m);
+    castor_strategy_free(s2);
+    castor_strategy_free(s);
+    support_rmrf(dir);
+    free(dir);
+    free(path);
+}
+
+Test(checkpoint, unread_optimizer_fields_and_subnormal_rates_round_trip)
+{
+    castor_optimizer o = castor_optimizer_defaults(CASTOR_OPT_SGD);
+    o.beta1 = NAN;
+    o.epsilon = INFINITY;
+    save_and_reload(o, "sgd, beta1 nan, epsilon inf");
+    o = castor_optimizer_defaults(CASTOR_OPT_ADAM);
+    o.weight_decay = INFINITY;
+    o.momentum = NAN;
+    save_and_reload(o, "adam, weight_decay inf, momentum nan");
+    o = castor_optimizer_defaults(CASTOR_OPT_ADAM);
+    o.epsilon = 1e-40f;
+    save_and_reload(o, "adam, epsilon 1e-40");
+    o = castor_optimizer_defaults(CASTOR_OPT_SGD);
+    o.learning_rate = 1e-39f;
+    o.momentum = 1e-41f;
+    save_and_reload(o, "sgd, learning_rate 1e-39, momentum 1e-41");
 }
 
 /* ---- atomic writes ------------------------------------------------------------------------ */
