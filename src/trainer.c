@@ -252,7 +252,7 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
     double t0 = castor__now();
     int64_t steps_done = 0;
     castor_metrics epoch_metrics = {NAN, NAN, 0};
-    int stop = 0;
+    int stop = 0, asked_to_stop = 0;  /* the limit or the callback; the callback */
     for (int e = 0; e < o->epochs && !rc && !stop; e++) {
         castor__rng rng;
         castor__rng_seed(&rng, m->seed, CASTOR_RNG_SHUFFLE, (uint64_t)m->epoch);
@@ -307,7 +307,7 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
             }
             p.seconds = castor__now() - t0;
             if (o->progress && o->progress(o->progress_user, &p))
-                stop = 1;
+                stop = asked_to_stop = 1;
             if (!m->strategy) {  /* the callback freed it: the model is detached */
                 rc = castor__model_fail(m, CASTOR_MISUSE,
                                         "fit: the strategy was freed during the progress "
@@ -327,7 +327,7 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
         *last_epoch = epoch_metrics;
     if (rc)
         return rc;
-    if (stop && (o->max_steps == 0 || steps_done < o->max_steps))
+    if (asked_to_stop)
         return castor__model_fail(m, CASTOR_INTERRUPTED, "fit: stopped after step %lld",
                                   (long long)m->step);
     return CASTOR_OK;
