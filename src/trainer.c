@@ -248,6 +248,15 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
         return castor__model_fail(m, CASTOR_NOMEM, "fit: out of host memory");
     }
 
+    /* The devices' room for the largest batch this fit runs, validation's
+     * included: one that does not fit fails now, not after an epoch. */
+    size_t val_rows = o->validation ? (o->validation->n < (size_t)o->batch_size
+                                           ? o->validation->n : (size_t)o->batch_size) : 0;
+    if ((rc = castor__runtime_ensure_rows(m, val_rows > (size_t)rows ? (int)val_rows : rows))) {
+        staging_free(&st);
+        free(perm);
+        return rc;
+    }
     m->fitting = 1;
     double t0 = castor__now();
     int64_t steps_done = 0;

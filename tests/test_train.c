@@ -309,6 +309,41 @@ Test(train, progress_stop_on_the_max_steps_step_is_reported)
     castor_strategy_free(s);
 }
 
+/* Validation batches larger than the training set's: the device room for
+ * them is found missing before the first step, not after a trained epoch
+ * (fit failed at the epoch's end with the model already moved on). */
+Test(train, validation_rows_are_reserved_before_training)
+{
+    castor_strategy_options so = CASTOR_STRATEGY_OPTIONS_INIT;
+    so.device_memory_budget = 3000;
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu", &so), CASTOR_OK);
+    castor_model *m = NULL;
+    castor_model_create(&m, 4);
+    castor_model_add_layers(m, "3");
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 1), CASTOR_OK,
+                 "%s", castor_model_errmsg(m));
+    castor_dataset *train = support_synthetic(1, 8, 4, 3);
+    castor_dataset *val = support_synthetic(2, 200, 4, 3);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.epochs = 5;
+    fo.batch_size = 64;
+    fo.validation = val;
+    cr_assert_eq(castor_model_fit(m, train, &fo, NULL), CASTOR_DEVICE_MEMORY, "%s",
+                 castor_model_errmsg(m));
+    cr_assert_eq(castor_model_step(m), 0, "trained %lld steps first",
+                 (long long)castor_model_step(m));
+    cr_assert_eq(castor_model_epoch(m), 0);
+    /* Without the validation set, the same fit trains. */
+    fo.validation = NULL;
+    cr_assert_eq(castor_model_fit(m, train, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m));
+    cr_assert_eq(castor_model_epoch(m), 5);
+    castor_dataset_free(val);
+    castor_dataset_free(train);
+    castor_model_free(m);
+    castor_strategy_free(s);
+}
+
 Test(train, mse_regression_learns)
 {
     enum { RN = 256 };
