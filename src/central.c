@@ -62,7 +62,7 @@ static int central_train_step(castor_model *m, const castor__batch *b, castor__b
 
 static int central_prepare(castor_model *m)
 {
-    return castor__runtime_create(m, 0);
+    return castor__runtime_create(m);
 }
 
 static int central_pull(castor_model *m)
@@ -79,6 +79,7 @@ static int central_push(castor_model *m)
 
 const castor__strategy_ops castor__central_ops = {
     .name = "central",
+    .device_state = 0,
     .prepare = central_prepare,
     .train_step = central_train_step,
     .pull = central_pull,

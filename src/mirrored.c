@@ -236,7 +236,7 @@ static int choose_reduction(castor_model *m)
 
 static int mirrored_prepare(castor_model *m)
 {
-    int rc = castor__runtime_create(m, 1);
+    int rc = castor__runtime_create(m);
     if (rc)
         return rc;
     m->rt->reduce = choose_reduction(m);
@@ -268,6 +268,7 @@ static int mirrored_pull(castor_model *m)
 
 const castor__strategy_ops castor__mirrored_ops = {
     .name = "mirrored",
+    .device_state = 1,
     .prepare = mirrored_prepare,
     .train_step = mirrored_train_step,
     .pull = mirrored_pull,

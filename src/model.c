@@ -266,6 +266,10 @@ int castor_model_compile(castor_model *m, castor_strategy *s, castor_loss loss,
     m->opt_slots = castor__optim_slots(&opt);
     m->seed = seed;
     m->strategy = s;
+    if ((rc = castor__runtime_check_room(m))) {
+        m->strategy = NULL;
+        return rc;
+    }
     size_t bytes = m->n_params * sizeof(float);
     if (castor__host_alloc(&m->params, bytes, s->use_cuda) ||
         castor__host_alloc(&m->grads, bytes, s->use_cuda) ||

@@ -100,6 +100,12 @@ static int too_big(cdev *dev, const castor_model *m, int rows, int mirrored)
                      dev->budget);
 }
 
+int castor__replica_check_room(const castor_model *m, cdev *dev, int mirrored)
+{
+    return param_arena_bytes(m, mirrored) > dev->budget ? too_big(dev, m, 0, mirrored)
+                                                         : CASTOR_OK;
+}
+
 int castor__replica_init(castor__replica *r, const castor_model *m, cdev *dev, int index,
                          int mirrored, int use_cuda)
 {
@@ -111,11 +117,11 @@ int castor__replica_init(castor__replica *r, const castor_model *m, cdev *dev, i
     r->use_cuda = use_cuda;
 
     r->param_bytes = param_arena_bytes(m, mirrored);
-    if (r->param_bytes > dev->budget)
-        return too_big(dev, m, 0, mirrored);
-    void *arena = NULL;
-    int rc = cdev_alloc(dev, r->param_bytes, &arena);
+    int rc = castor__replica_check_room(m, dev, mirrored);
     if (rc)
+        return rc;
+    void *arena = NULL;
+    if ((rc = cdev_alloc(dev, r->param_bytes, &arena)))
         return rc;
     size_t n = align_up(m->n_params * sizeof(float));
     r->d_params = arena;

@@ -61,6 +61,9 @@ int castor__replica_reserve(castor__replica *r, const castor_model *m, int rows)
 void castor__replica_free(castor__replica *r, const castor_model *m);
 /* Bytes of device memory a replica needs for `rows` rows. */
 size_t castor__replica_bytes(const castor_model *m, int rows, int mirrored);
+/* CASTOR_DEVICE_MEMORY, said on dev, when its budget cannot hold the
+ * model's variables (and optimizer state, mirrored) whatever the batch. */
+int castor__replica_check_room(const castor_model *m, cdev *dev, int mirrored);
 
 /* Queue the upload of host variables, one copy per layer. */
 int castor__replica_upload_params(castor__replica *r, const castor_model *m,

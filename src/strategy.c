@@ -207,9 +207,21 @@ castor_strategy_kind castor_strategy_get_kind(const castor_strategy *s)
 
 /* ---- the replicas of a compiled model ---- */
 
-int castor__runtime_create(castor_model *m, int mirrored)
+int castor__runtime_check_room(castor_model *m)
 {
     castor_strategy *s = m->strategy;
+    for (int i = 0; i < s->n_replicas; i++) {
+        int rc = castor__replica_check_room(m, s->devs[i], s->ops->device_state);
+        if (rc)
+            return castor__model_fail(m, rc, "%s", s->devs[i]->errmsg);
+    }
+    return CASTOR_OK;
+}
+
+int castor__runtime_create(castor_model *m)
+{
+    castor_strategy *s = m->strategy;
+    int mirrored = s->ops->device_state;
     castor__runtime *rt = calloc(1, sizeof *rt);
     if (!rt)
         return castor__model_fail(m, CASTOR_NOMEM, "out of memory");

@@ -33,6 +33,9 @@ typedef struct castor__batch_stats {
 
 typedef struct castor__strategy_ops {
     const char *name;
+    /* Whether each replica keeps the variables' optimizer state (mirrored)
+     * or only what a step needs (central): what a device must hold. */
+    int device_state;
     /* After compile: allocate replica state, place the initial variables. */
     int (*prepare)(castor_model *m);
     /* One optimizer step on a global batch. Either the whole update happens
@@ -81,7 +84,11 @@ void castor__log(const castor_strategy *s, castor_log_level level, const char *f
     __attribute__((format(printf, 3, 4)));
 
 /* Allocate the runtime and the replicas' parameter buffers. */
-int castor__runtime_create(castor_model *m, int mirrored);
+int castor__runtime_create(castor_model *m);
+/* Whether every device's budget holds the model's variables (and, for the
+ * strategy that keeps it there, its optimizer state): asked before any
+ * host memory is taken for them. */
+int castor__runtime_check_room(castor_model *m);
 void castor__runtime_free(castor_model *m);
 /* Grow every replica's activation buffers to hold `rows` rows. */
 int castor__runtime_ensure_rows(castor_model *m, int rows);

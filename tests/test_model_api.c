@@ -6,6 +6,7 @@
  */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -419,4 +420,47 @@ Test(model_api, a_failed_save_says_why_even_with_a_long_path,
               castor_model_errmsg(m));
     castor_model_free(m);
     castor_strategy_free(s);
+}
+
+/* Peak resident memory of this process since the mark was reset. */
+static long rss_peak_kib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kib = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %ld kB", &kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kib;
+}
+
+/* A model larger than a device's budget is refused before its host copies
+ * are made (compile allocated and initialised gigabytes of host memory
+ * first: a large enough model got castor OOM-killed instead of an error). */
+Test(model_api, a_model_too_big_for_the_devices_is_refused_before_host_memory)
+{
+    FILE *clear = fopen("/proc/self/clear_refs", "w");
+    if (!clear || fputs("5", clear) == EOF || fclose(clear) != 0)
+        cr_skip_test("cannot reset the peak RSS mark (/proc/self/clear_refs)");
+    long before = rss_peak_kib();
+    for (int kind = 0; kind < 2; kind++) {
+        castor_strategy_options so = CASTOR_STRATEGY_OPTIONS_INIT;
+        so.device_memory_budget = (size_t)64 << 20;
+        castor_strategy *s = NULL;
+        cr_assert_eq(castor_strategy_create(&s, (castor_strategy_kind)kind, "cpu:2", &so),
+                     CASTOR_OK);
+        castor_model *m = NULL;
+        castor_model_create(&m, 256);
+        cr_assert_eq(castor_model_add_layers(m, "262144:relu,10"), CASTOR_OK);  /* 280 MB */
+        cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 1),
+                     CASTOR_DEVICE_MEMORY);
+        cr_assert(strstr(castor_model_errmsg(m), "budget"), "%s", castor_model_errmsg(m));
+        castor_model_free(m);
+        castor_strategy_free(s);
+    }
+    long grew = rss_peak_kib() - before;
+    cr_assert(before > 0 && grew < 64 * 1024, "compile touched %ld MiB of host memory first",
+              grew / 1024);
 }
