@@ -811,6 +811,65 @@ else
         "$(diff <(echo "$before") <(echo "$after"); ls -d "$T/ck-new" "$T/never.safetensors" 2>&1)"
 fi
 
+# ---- a read-only --checkpoint-dir is refused before training -------------------------------
+# (it trained up to the first checkpoint, an epoch, then failed). Root writes
+# anywhere: the run is made as nobody then.
+RO="$T/ro-ck"
+mkdir -p "$RO" && chmod 555 "$RO" && chmod 711 "$T"
+as_user=()
+if [[ $(id -u) -eq 0 ]]; then as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups); fi
+if [[ $(id -u) -ne 0 ]] || command -v setpriv >/dev/null 2>&1; then
+    chmod -R a+rX "$DATA"
+    timeout 300 "${as_user[@]}" "$BIN" "${TRAIN[@]}" --epochs 2 --checkpoint-dir "$RO" \
+        >"$T/out" 2>"$T/err"
+    rc=$?
+    if [[ $rc -eq 1 && $(lines "$T/err") -eq 1 ]] &&
+        grep -q "^castor: --checkpoint-dir $RO: cannot write in it: " "$T/err"; then
+        ok "a read-only --checkpoint-dir -> 1 before training: $(head -c 100 "$T/err")"
+    else
+        bad "a read-only --checkpoint-dir: status $rc" "$(cat "$T/err")"
+    fi
+else
+    ok "a read-only --checkpoint-dir: skipped (root without setpriv)"
+fi
+chmod 700 "$T"
+
+# ---- a signal after --save has written the model says where it is ------------------------
+# (it said "progress lost"). A test set large enough that the signal, sent
+# when the epoch line appears, lands during the save or the evaluation.
+BIG="$T/data-big"
+mkdir -p "$BIG"
+python3 - "$BIG" <<'EOF'
+import gzip, os, struct, sys
+for prefix, n in (("train", 64), ("t10k", 4096)):
+    with gzip.open(os.path.join(sys.argv[1], prefix + "-images-idx3-ubyte.gz"), "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, n, 16, 16) + os.urandom(n * 256))
+    with gzip.open(os.path.join(sys.argv[1], prefix + "-labels-idx1-ubyte.gz"), "wb") as f:
+        f.write(struct.pack(">II", 0x801, n) + bytes(b % 10 for b in os.urandom(n)))
+EOF
+rm -f "$T/late.safetensors"
+: >"$T/err"
+"$BIN" train --data "$BIG" --layers 2048:relu,2048:relu,10 --devices cpu:2 --batch 64 \
+    --epochs 1 --save "$T/late.safetensors" 2>"$T/err" >/dev/null &
+BGPID=$!
+for _ in $(seq 1 6000); do
+    grep -q '^epoch 1/1' "$T/err" 2>/dev/null && break
+    kill -0 "$BGPID" 2>/dev/null || break
+    sleep 0.005
+done
+kill -INT "$BGPID" 2>/dev/null
+wait "$BGPID"
+rc=$?
+BGPID=""
+if [[ $rc -eq 0 ]]; then
+    ok "a signal after --save: skipped (the run ended before the signal came)"
+elif [[ $rc -eq 130 && -s "$T/late.safetensors" ]] &&
+    grep -q "^castor: interrupted after step 1; the model is saved in $T/late.safetensors\$" "$T/err"; then
+    ok "a signal after --save -> 130, says the model is saved"
+else
+    bad "a signal after --save: status $rc" "$(tail -n 3 "$T/err"; ls -la "$T/late.safetensors" 2>&1)"
+fi
+
 # ---- a test set that does not fit the model is refused before training -------------------
 # (it was found only after the last epoch, the run lost, with status 1)
 if python3 - "$T" <<'EOF'

@@ -295,6 +295,13 @@ static int prepare_outputs(train_run *r)
             cli_errorf("--checkpoint-dir %s", err);
             return CLI_EXIT_RUNTIME;
         }
+        /* As for --save: found out now, not at the first checkpoint, an
+         * epoch of training later. */
+        if (access(r->o.checkpoint_dir, W_OK | X_OK) != 0) {
+            cli_errorf("--checkpoint-dir %s: cannot write in it: %s", r->o.checkpoint_dir,
+                       strerror(errno));
+            return CLI_EXIT_RUNTIME;
+        }
         char probe[CLI_PATH_MAX];
         if (cli_ckpt_path(probe, sizeof probe, r->o.checkpoint_dir, 0) != 0) {
             cli_errorf("--checkpoint-dir %s: path too long", r->o.checkpoint_dir);
@@ -380,6 +387,8 @@ static int save(train_run *r)
 
 static int evaluate(train_run *r)
 {
+    if (train_stop_signal()) /* arrived while saving: stop before evaluating */
+        return train_report_interrupt(r);
     int rc = castor_model_evaluate(r->model, r->test, r->o.batch, &r->test_m);
     if (rc != CASTOR_OK) {
         cli_errorf("evaluation on the test set failed: %s",

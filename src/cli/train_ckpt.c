@@ -152,7 +152,11 @@ int train_report_interrupt(train_run *r)
         return 128 + sig;
     }
     long long step = (long long)castor_model_step(r->model);
-    if (!r->o.checkpoint_dir) {
+    if (r->saved) {  /* after training: --save holds it, whatever else happens */
+        fprintf(stderr, "castor: interrupted after step %lld; the model is saved in %s%s%s\n",
+                step, r->o.save, r->last_ckpt_step == step ? " and " : "",
+                r->last_ckpt_step == step ? r->last_ckpt : "");
+    } else if (!r->o.checkpoint_dir) {
         fprintf(stderr, "castor: interrupted after step %lld; no checkpoint directory set, "
                         "progress lost\n", step);
     } else if (r->last_ckpt_step == step || train_write_checkpoint(r) == 0) {
