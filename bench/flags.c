@@ -8,6 +8,7 @@
 #include "bench/bench.h"
 #include "src/cli/args.h"
 #include "src/cli/cli.h"
+#include "src/cli/common.h"
 
 enum {
     F_DEVICES,
@@ -48,8 +49,7 @@ static const cli_flag bench_flags[F_COUNT + 1] = {
     [F_CLASSES] = {"classes", "N", "10", "classes, the units of the output layer"},
     [F_OPTIMIZER] = {"optimizer", "sgd|adam|adamw", "adam", "the optimizer"},
     [F_SEED] = {"seed", "N", "1", "seed of the synthetic data and the initial weights"},
-    [F_DEVICE_MEMORY] = {"device-memory", "BYTES", "0: 1G per emulated CPU device, all of a GPU",
-                         "the device memory each replica may use: 512M, 2G"},
+    [F_DEVICE_MEMORY] = CLI_ROW_DEVICE_MEMORY,
     [F_HOST_THREADS] = {"host-threads", "N", "0: one per core",
                         "host threads for the reduction, the optimizer and the triad"},
     [F_TF32] = {"tf32", NULL, NULL, "allow TF32 tensor-core math on GPUs"},

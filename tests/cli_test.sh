@@ -500,6 +500,15 @@ expect_error 2 "predict without --model" predict --data "$DATA"
 expect_error 2 "eval: unknown flag --limit" eval --model "$SAVED" --data "$DATA" --limit 3
 expect_error 2 "eval: positional argument" eval --model "$SAVED" extra
 expect_error 2 "eval --batch 0" eval --model "$SAVED" --data "$DATA" --batch 0
+# eval and predict take --device-memory like train (a model train could
+# hold with it could not be opened without it).
+expect_error 1 "eval --device-memory 1K: the budget applies" eval --model "$SAVED" --data "$DATA" \
+    --device-memory 1K
+grep -q 'budget is 1024 bytes' "$T/err" || bad "eval --device-memory: not the budget's message" "$(cat "$T/err")"
+for cmd in eval predict; do
+    run "$cmd" --model "$SAVED" --data "$DATA" --device-memory 64M --quiet
+    if [[ $rc -eq 0 ]]; then ok "$cmd --device-memory 64M"; else bad "$cmd --device-memory 64M: status $rc" "$(cat "$T/err")"; fi
+done
 expect_error 2 "eval --strategy sideways" eval --model "$SAVED" --data "$DATA" --strategy sideways
 expect_error 2 "eval: batch smaller than the replicas" eval --model "$SAVED" --data "$DATA" --devices cpu:4 --batch 2
 expect_error 2 "predict --limit 0" predict --model "$SAVED" --data "$DATA" --limit 0

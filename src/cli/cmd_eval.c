@@ -31,6 +31,7 @@ enum {
     F_BATCH,
     F_JSON,
     F_QUIET,
+    F_DEVICE_MEMORY,
     F_LIMIT, /* predict only: the last row, left out of eval's table */
     F_COUNT
 };
@@ -61,6 +62,7 @@ static const cli_flag eval_flags[F_COUNT] = {
                 "print one JSON object: test_loss, test_accuracy, samples, model,\n"
                 "data, layers, step, epoch, strategy, devices, replicas, batch"},
     [F_QUIET] = ROW_QUIET,
+    [F_DEVICE_MEMORY] = CLI_ROW_DEVICE_MEMORY,
     [F_LIMIT] = {NULL, NULL, NULL, NULL}, /* ends the table: eval has no --limit */
 };
 
@@ -75,6 +77,7 @@ static const cli_flag predict_flags[F_COUNT + 1] = {
                 "probability (null for an MSE model), output (the predicted unit's\n"
                 "logit or value) and label"},
     [F_QUIET] = ROW_QUIET,
+    [F_DEVICE_MEMORY] = CLI_ROW_DEVICE_MEMORY,
     [F_LIMIT] = {"limit", "N", "10", "the first N test samples (all of them if fewer)"},
     [F_COUNT] = {NULL, NULL, NULL, NULL},
 };
@@ -124,6 +127,7 @@ typedef struct model_cmd {
     const char *model, *data, *devices;
     castor_strategy_kind strategy;
     int batch, limit, json, quiet;
+    size_t device_memory;
     const char *data_dir;
     castor_strategy *s;
     castor_model *m;
@@ -173,6 +177,7 @@ static int parse(model_cmd *c, const char *cmd, const cli_flag *flags, void (*us
         case F_JSON: c->json = 1; break;
         case F_QUIET: c->quiet = 1; break;
         case F_LIMIT: bad = cli_parse_int("limit", v, 1, 0x7fffffff, &c->limit); break;
+        case F_DEVICE_MEMORY: bad = cli_parse_size("device-memory", v, &c->device_memory); break;
         default: break;
         }
         if (bad)
@@ -191,6 +196,7 @@ static int setup(model_cmd *c)
     castor_strategy_options so = CASTOR_STRATEGY_OPTIONS_INIT;
     so.log_level = c->quiet ? CASTOR_LOG_ERROR : CASTOR_LOG_WARN;
     so.log_fn = cli_log_stderr;
+    so.device_memory_budget = c->device_memory;
     int rc = castor_strategy_create(&c->s, c->strategy, c->devices, &so);
     if (rc != CASTOR_OK) {
         cli_errorf("--strategy %s --devices '%s': %s", castor_strategy_kind_name(c->strategy),

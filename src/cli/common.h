@@ -11,6 +11,12 @@
 
 #define CLI_DEFAULT_FASHION_MNIST "/usr/share/datasets/fashion-mnist"
 
+/* The --device-memory flag's row (a cli_flag), the same for every command. */
+#define CLI_ROW_DEVICE_MEMORY                                                            \
+    {"device-memory", "BYTES", "0: 1G per emulated CPU device, all of a GPU's memory",   \
+     "the device memory each replica may use, with an optional K, M,\n"                  \
+     "G or T suffix (powers of 1024): 512M, 2G"}
+
 /* The directory for --data: "fashion-mnist" is $CASTOR_FASHION_MNIST, or
  * else CLI_DEFAULT_FASHION_MNIST; anything else is a directory. */
 const char *cli_data_dir(const char *data);

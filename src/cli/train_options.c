@@ -85,10 +85,7 @@ static const cli_flag train_flags[F_COUNT + 1] = {
                    "the replicas, comma separated: cpu, cpu:N (N emulated CPU\n"
                    "devices), cuda (every GPU), cuda:0,cuda:1 (the GPUs listed),\n"
                    "cuda:0x4 (four replicas sharing GPU 0)"},
-    [F_DEVICE_MEMORY] = {"device-memory", "BYTES",
-                         "0: 1G per emulated CPU device, all of a GPU's memory",
-                         "the device memory each replica may use, with an optional K, M,\n"
-                         "G or T suffix (powers of 1024): 512M, 2G"},
+    [F_DEVICE_MEMORY] = CLI_ROW_DEVICE_MEMORY,
     [F_HOST_THREADS] = {"host-threads", "N", "0: one per core",
                         "host threads for the gradient reduction and the optimizer,\n"
                         "0 to 1024"},
