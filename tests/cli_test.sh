@@ -879,6 +879,39 @@ else
     bad "a signal after --save: status $rc" "$(tail -n 3 "$T/err"; ls -la "$T/late.safetensors" 2>&1)"
 fi
 
+# ---- a signal before training writes no checkpoint ---------------------------------------
+# (it wrote the untrained model as ckpt-000000000000, and a fresh run into the
+# directory was then refused). The data takes a moment to load: the signal
+# lands while it loads; if the machine is so fast that training began, a
+# checkpoint of a trained step is right too.
+SLOW="$T/data-slow"
+mkdir -p "$SLOW"
+python3 - "$SLOW" <<'EOF'
+import gzip, os, struct, sys
+for prefix, n in (("train", 60000), ("t10k", 100)):
+    with gzip.open(os.path.join(sys.argv[1], prefix + "-images-idx3-ubyte.gz"), "wb", 1) as f:
+        f.write(struct.pack(">IIII", 0x803, n, 28, 28) + os.urandom(n * 784))
+    with gzip.open(os.path.join(sys.argv[1], prefix + "-labels-idx1-ubyte.gz"), "wb", 1) as f:
+        f.write(struct.pack(">II", 0x801, n) + bytes(b % 10 for b in os.urandom(n)))
+EOF
+SD="$T/ck-early"
+"$BIN" train --data "$SLOW" --layers 32:relu,10 --epochs 1 --checkpoint-dir "$SD" \
+    >/dev/null 2>"$T/err" &
+BGPID=$!
+sleep 0.1
+kill -INT "$BGPID" 2>/dev/null
+wait "$BGPID"
+rc=$?
+BGPID=""
+if [[ $rc -eq 130 ]] && grep -q '^castor: interrupted before training; nothing to save$' "$T/err" &&
+    [[ -z "$(ls -A "$SD" 2>/dev/null)" ]]; then
+    ok "a signal while the data loads -> 130, no checkpoint"
+elif [[ $rc -eq 130 ]] && [[ "$(newest_step "$SD")" -ge 1 ]] 2>/dev/null; then
+    ok "a signal while the data loads: skipped (training had begun: a checkpoint of step $(newest_step "$SD"))"
+else
+    bad "a signal before training: status $rc, checkpoints '$(ls -A "$SD" 2>&1)'" "$(cat "$T/err")"
+fi
+
 # ---- a test set that does not fit the model is refused before training -------------------
 # (it was found only after the last epoch, the run lost, with status 1)
 if python3 - "$T" <<'EOF'

@@ -147,8 +147,11 @@ int train_report_interrupt(train_run *r)
      * the last checkpoint short. */
     g_writing = 1;
     cli_progress_finish(&r->progress);
-    if (!r->model) {
-        fprintf(stderr, "castor: interrupted before training\n");
+    if (!r->model || (!r->fitted && !r->saved)) {
+        /* Nothing trained yet: a checkpoint now would be the untrained
+         * model (or the one resumed from), and would stand in the way of a
+         * fresh run into the directory. */
+        fprintf(stderr, "castor: interrupted before training; nothing to save\n");
         return 128 + sig;
     }
     long long step = (long long)castor_model_step(r->model);
