@@ -820,6 +820,17 @@ else
         "$(diff <(echo "$before") <(echo "$after"); ls -d "$T/ck-new" "$T/never.safetensors" 2>&1)"
 fi
 
+# ---- a diverged run says so ----------------------------------------------------------------
+# (it printed "-nan", hid the validation loss and said nothing else).
+run "${TRAIN[@]}" --loss mse --optimizer sgd --lr 1000 --epochs 1 --batch 8 --validation-split 64
+if [[ $rc -eq 0 ]] && grep -q '^castor: warning: the training loss is nan: training diverged' "$T/err" &&
+    grep -q '^epoch 1/1  loss nan  val_loss nan ' "$T/err" && grep -q '^train: *loss nan$' "$T/out" &&
+    ! grep -q -- '-nan' "$T/out" "$T/err"; then
+    ok "a diverged run: a warning, 'loss nan' for training and validation"
+else
+    bad "a diverged run: status $rc" "$(cat "$T/err" "$T/out")"
+fi
+
 # ---- a read-only --checkpoint-dir is refused before training -------------------------------
 # (it trained up to the first checkpoint, an epoch, then failed). Root writes
 # anywhere: the run is made as nobody then.

@@ -341,6 +341,7 @@ static int fit(train_run *r)
 
     cli_progress_init(&r->progress, r->progress_mode, r->o.batch,
                       castor_dataset_size(r->train), r->step0);
+    r->progress.validation = r->val != NULL;
     double t0 = cli_now();
     int rc = castor_model_fit(r->model, r->train, &fo, &r->train_m);
     r->fit_seconds = cli_now() - t0;
@@ -357,6 +358,9 @@ static int fit(train_run *r)
         cli_errorf("training failed: %s", cli_why(castor_model_errmsg(r->model), rc));
         return cli_exit_for(rc);
     }
+    if (!isfinite(r->train_m.loss) && r->train_m.samples > 0)
+        fprintf(stderr, "castor: warning: the training loss is %s: training diverged (a lower "
+                        "--lr may help)\n", isnan(r->train_m.loss) ? "nan" : "infinite");
     if (train_stop_signal()) /* arrived after the last step: stop before evaluating */
         return train_report_interrupt(r);
     /* The newest checkpoint is the trained model, whatever the period. */

@@ -128,17 +128,28 @@ static void draw_bar(cli_progress *pr, const castor_progress *p, double now)
     pr->bar_visible = 1;
 }
 
+void cli_print_loss(FILE *out, double loss)
+{
+    if (isnan(loss))
+        fputs("nan", out);
+    else
+        fprintf(out, "%.4f", loss);
+}
+
 static void print_epoch_line(cli_progress *pr, const castor_progress *p, double now)
 {
     double secs = now - pr->epoch_mark;
     pr->epoch_mark = now;
     if (pr->mode == CLI_PROGRESS_BAR)
         fputs("\r\033[K", pr->out);
-    fprintf(pr->out, "epoch %d/%d  loss %.4f", p->epoch + 1, p->epochs, p->loss);
+    fprintf(pr->out, "epoch %d/%d  loss ", p->epoch + 1, p->epochs);
+    cli_print_loss(pr->out, p->loss);
     if (!isnan(p->accuracy))
         fprintf(pr->out, "  acc %.4f", p->accuracy);
-    if (!isnan(p->val_loss))
-        fprintf(pr->out, "  val_loss %.4f", p->val_loss);
+    if (pr->validation) {  /* a NaN loss here is a diverged model: shown */
+        fputs("  val_loss ", pr->out);
+        cli_print_loss(pr->out, p->val_loss);
+    }
     if (!isnan(p->val_accuracy))
         fprintf(pr->out, "  val_acc %.4f", p->val_accuracy);
     fprintf(pr->out, "  %.1fs\n", secs);

@@ -35,7 +35,11 @@ typedef struct cli_progress {
     double last_draw;      /* seconds since t0 at the last redraw */
     double epoch_mark;     /* seconds since t0 at the end of the last epoch */
     int bar_visible;       /* a partial line is on the terminal */
+    int validation;        /* fit has validation data: its loss is shown, NaN too */
 } cli_progress;
+
+/* A loss as "%.4f", or "nan" however the C library spells a NaN's sign. */
+void cli_print_loss(FILE *out, double loss);
 
 /* The mode for stderr: BAR on a terminal, LINES otherwise, NONE if quiet. */
 cli_progress_mode cli_progress_pick_mode(int quiet);

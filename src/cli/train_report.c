@@ -11,6 +11,7 @@
 #include "castor.h"
 #include "common.h"
 #include "json.h"
+#include "progress.h"
 #include "train.h"
 
 static double samples_per_epoch_total(const train_run *r)
@@ -65,7 +66,8 @@ static int report_json(const train_run *r)
 
 static void print_metrics(const char *what, double loss, double acc)
 {
-    printf("%-10s loss %.4f", what, loss);
+    printf("%-10s loss ", what);
+    cli_print_loss(stdout, loss);
     if (!isnan(acc))
         printf("  accuracy %.4f", acc);
     putchar('\n');
