@@ -820,6 +820,15 @@ else
         "$(diff <(echo "$before") <(echo "$after"); ls -d "$T/ck-new" "$T/never.safetensors" 2>&1)"
 fi
 
+# ---- a --checkpoint-dir given with a trailing slash names files without "//" ---------------
+run "${TRAIN[@]}" --epochs 1 --batch 64 --checkpoint-dir "$T/ck-slash/" --quiet
+if [[ $rc -eq 0 ]] && ! grep -q '//' "$T/out" "$T/err" &&
+    grep -q "the newest $T/ck-slash/ckpt-000000000008.safetensors\$" "$T/out"; then
+    ok "--checkpoint-dir DIR/: paths without '//'"
+else
+    bad "--checkpoint-dir DIR/: status $rc" "$(cat "$T/out" "$T/err")"
+fi
+
 # ---- a diverged run says so ----------------------------------------------------------------
 # (it printed "-nan", hid the validation loss and said nothing else).
 run "${TRAIN[@]}" --loss mse --optimizer sgd --lr 1000 --epochs 1 --batch 8 --validation-split 64

@@ -32,10 +32,18 @@ static int fail(char *err, size_t errlen, const char *fmt, ...)
     return -1;
 }
 
+/* What goes between dir and a name in it: "ck/" given as such gives
+ * "ck/ckpt-...", not "ck//ckpt-...". */
+static const char *dir_sep(const char *dir)
+{
+    size_t len = strlen(dir);
+    return len && dir[len - 1] == '/' ? "" : "/";
+}
+
 int cli_ckpt_path(char *buf, size_t size, const char *dir, int64_t step)
 {
-    int n = snprintf(buf, size, "%s/" CKPT_PREFIX "%0*" PRId64 CKPT_SUFFIX, dir, CKPT_DIGITS,
-                     step);
+    int n = snprintf(buf, size, "%s%s" CKPT_PREFIX "%0*" PRId64 CKPT_SUFFIX, dir, dir_sep(dir),
+                     CKPT_DIGITS, step);
     return n < 0 || (size_t)n >= size ? -1 : 0;
 }
 
@@ -77,10 +85,10 @@ int cli_ckpt_newest(const char *dir, char *buf, size_t size, int64_t *step_out, 
         int64_t step = name_step(e->d_name, 0);
         if (step <= best || !is_regular(dirfd(d), e->d_name))
             continue;
-        int n = snprintf(buf, size, "%s/%s", dir, e->d_name);
+        int n = snprintf(buf, size, "%s%s%s", dir, dir_sep(dir), e->d_name);
         if (n < 0 || (size_t)n >= size) {
             closedir(d);
-            return fail(err, errlen, "%s/%s: path too long", dir, e->d_name);
+            return fail(err, errlen, "%s%s%s: path too long", dir, dir_sep(dir), e->d_name);
         }
         best = step;
     }
