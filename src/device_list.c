@@ -38,6 +38,22 @@ static long parse_count_n(const char *text, size_t len, long lo, long hi)
     return v < lo ? -1 : v;
 }
 
+/* Whether the len characters at tok start with the lower-case ASCII word
+ * (of wlen characters), in either case, as the strategies' names are read. */
+static int starts_with(const char *tok, size_t len, const char *word, size_t wlen)
+{
+    if (len < wlen)
+        return 0;
+    for (size_t i = 0; i < wlen; i++) {
+        int c = (unsigned char)tok[i];
+        if (c >= 'A' && c <= 'Z')
+            c += 'a' - 'A';
+        if (c != word[i])
+            return 0;
+    }
+    return 1;
+}
+
 /* One entry, the len characters at tok (not NUL-terminated there). */
 static int parse_entry(const char *tok, size_t len, castor__device_entry *e, char *err,
                        size_t errlen)
@@ -47,9 +63,9 @@ static int parse_entry(const char *tok, size_t len, castor__device_entry *e, cha
     snprintf(shown, sizeof shown, "%.*s%s", len < 64 ? (int)len : 64, tok, len < 64 ? "" : "...");
     memset(e, 0, sizeof *e);
     e->replicas = 1;
-    if (len == 3 && memcmp(tok, "cpu", 3) == 0)
+    if (len == 3 && starts_with(tok, len, "cpu", 3))
         return CASTOR_OK;
-    if (len >= 4 && memcmp(tok, "cpu:", 4) == 0) {
+    if (starts_with(tok, len, "cpu:", 4)) {
         long n = parse_count_n(tok + 4, len - 4, 1, CASTOR__MAX_REPLICAS);
         if (n < 0)
             return list_fail(err, errlen, "bad device '%s': the count after cpu: must be 1..%d",
@@ -57,15 +73,17 @@ static int parse_entry(const char *tok, size_t len, castor__device_entry *e, cha
         e->replicas = (int)n;
         return CASTOR_OK;
     }
-    if (len == 4 && memcmp(tok, "cuda", 4) == 0) {
+    if (len == 4 && starts_with(tok, len, "cuda", 4)) {
         e->cuda = 1;
         e->ordinal = -1;
         return CASTOR_OK;
     }
-    if (len >= 5 && memcmp(tok, "cuda:", 5) == 0) {
+    if (starts_with(tok, len, "cuda:", 5)) {
         e->cuda = 1;
         const char *num = tok + 5, *end = tok + len;
         const char *x = memchr(num, 'x', (size_t)(end - num));
+        if (!x)
+            x = memchr(num, 'X', (size_t)(end - num));
         if (x) {
             long k = parse_count_n(x + 1, (size_t)(end - x - 1), 1, CASTOR__MAX_REPLICAS);
             if (k < 0)
@@ -90,30 +108,31 @@ int castor__device_list_parse(const char *spec, castor__device_entry *entries, i
     if (!spec || !*spec)
         return list_fail(err, errlen, "no devices given (e.g. cpu:2 or cuda:0)");
     int n = 0;
-    /* Empty entries (",,", a trailing comma) are skipped, as strtok did. */
-    for (const char *p = spec; *p;) {
+    for (const char *p = spec;;) {
         size_t len = strcspn(p, ",");
-        if (len) {
-            if (n == CASTOR__MAX_REPLICAS)
-                return list_fail(err, errlen, "too many replicas: at most %d",
-                                 CASTOR__MAX_REPLICAS);
-            castor__device_entry *e = &entries[n];
-            int rc = parse_entry(p, len, e, err, errlen);
-            if (rc)
-                return rc;
-            for (int j = 0; j < n && e->cuda; j++) {
-                const castor__device_entry *o = &entries[j];
-                if (o->cuda && (o->ordinal < 0 || e->ordinal < 0 || o->ordinal == e->ordinal))
-                    return list_fail(err, errlen,
-                                     "'%.*s' names a GPU already in the list; for several "
-                                     "replicas on one GPU write cuda:IxK",
-                                     len < 64 ? (int)len : 64, p);
-            }
-            n++;
+        if (!len)  /* ",cpu", "cpu,,cpu", "cpu,": a slip, not a device */
+            return list_fail(err, errlen, "empty entry in the device list '%.64s%s'", spec,
+                             strlen(spec) > 64 ? "..." : "");
+        if (n == CASTOR__MAX_REPLICAS)
+            return list_fail(err, errlen, "too many replicas: at most %d",
+                             CASTOR__MAX_REPLICAS);
+        castor__device_entry *e = &entries[n];
+        int rc = parse_entry(p, len, e, err, errlen);
+        if (rc)
+            return rc;
+        for (int j = 0; j < n && e->cuda; j++) {
+            const castor__device_entry *o = &entries[j];
+            if (o->cuda && (o->ordinal < 0 || e->ordinal < 0 || o->ordinal == e->ordinal))
+                return list_fail(err, errlen,
+                                 "'%.*s' names a GPU already in the list; for several "
+                                 "replicas on one GPU write cuda:IxK",
+                                 len < 64 ? (int)len : 64, p);
         }
+        n++;
         p += len;
-        if (*p == ',')
-            p++;
+        if (*p != ',')
+            break;
+        p++;
     }
     *n_out = n;
     return CASTOR_OK;

@@ -464,3 +464,28 @@ Test(model_api, a_model_too_big_for_the_devices_is_refused_before_host_memory)
     cr_assert(before > 0 && grew < 64 * 1024, "compile touched %ld MiB of host memory first",
               grew / 1024);
 }
+
+/* The device list like the layer list: an empty entry is a mistake (",cpu"
+ * and "cpu," were taken for "cpu"), and names, like the strategies', are
+ * ASCII case-insensitive ("CPU:2" was unknown). */
+Test(model_api, device_lists_refuse_empty_entries_and_ignore_case)
+{
+    const char *bad[] = {"cpu,", ",cpu", "cpu,,cpu", ",", "cpu:2,"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        castor_strategy *s = NULL;
+        cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, bad[i], NULL),
+                     CASTOR_INVALID, "'%s' accepted", bad[i]);
+        cr_assert(strstr(castor_strategy_errmsg(s), "empty"), "'%s': %s", bad[i],
+                  castor_strategy_errmsg(s));
+        castor_strategy_free(s);
+    }
+    const char *good[] = {"CPU", "Cpu:2", "cpu:1,CPU:2"};
+    const int replicas[] = {1, 2, 3};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        castor_strategy *s = NULL;
+        cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, good[i], NULL),
+                     CASTOR_OK, "'%s': %s", good[i], castor_strategy_errmsg(s));
+        cr_assert_eq(castor_strategy_replicas(s), replicas[i], "'%s'", good[i]);
+        castor_strategy_free(s);
+    }
+}

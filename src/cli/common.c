@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "args.h"
+#include "src/device_list.h"
 
 const char *cli_data_dir(const char *data)
 {
@@ -18,27 +19,17 @@ const char *cli_data_dir(const char *data)
     return env && env[0] ? env : CLI_DEFAULT_FASHION_MNIST;
 }
 
-/* Emulated CPU replicas named by a --devices list: "cpu" is one, "cpu:N" N;
- * entries that do not parse are left for the library to reject. */
+/* Emulated CPU replicas named by a --devices list, read by the library's
+ * own parser; 0 for a list it refuses (it says why when it opens them). */
 static long cpu_replicas(const char *devices)
 {
+    castor__device_entry entries[CASTOR__MAX_REPLICAS];
+    int n = 0;
     long total = 0;
-    const char *s = devices;
-    while (s && *s) {
-        const char *end = strchr(s, ',');
-        size_t len = end ? (size_t)(end - s) : strlen(s);
-        if (len == 3 && strncmp(s, "cpu", 3) == 0) {
-            total += 1;
-        } else if (len > 4 && strncmp(s, "cpu:", 4) == 0) {
-            long n = 0;
-            size_t k = 4;
-            while (k < len && s[k] >= '0' && s[k] <= '9' && n < 1000000)
-                n = n * 10 + (s[k++] - '0');
-            if (k == len)
-                total += n;
-        }
-        s = end ? end + 1 : NULL;
-    }
+    if (castor__device_list_parse(devices, entries, &n, NULL, 0) != CASTOR_OK)
+        return 0;
+    for (int i = 0; i < n; i++)
+        total += entries[i].cuda ? 0 : entries[i].replicas;
     return total;
 }
 
