@@ -117,6 +117,8 @@ typedef struct castor_strategy castor_strategy;
  *   "cuda"       every GPU
  *   "cuda:0,cuda:1"  the GPUs listed
  *   "cuda:0x4"   four logical replicas sharing GPU 0
+ * Names in either ASCII case; an empty entry (",cpu", "cpu,") is an error,
+ * as is a GPU named twice.
  * options may be NULL for the defaults.
  */
 CASTOR_API int castor_strategy_create(castor_strategy **out, castor_strategy_kind kind,
