@@ -310,7 +310,9 @@ CASTOR_API int castor_model_evaluate(castor_model *model, const castor_dataset *
 CASTOR_API int castor_model_predict(castor_model *model, const float *x, size_t n,
                                     int batch_size, float *out);
 
-/* The most device memory any one replica has held so far, in bytes. */
+/* The most device memory any one replica has held since compile (or
+ * castor_model_reset_run_stats, which starts the count again from what the
+ * replicas hold then), in bytes. */
 CASTOR_API size_t castor_model_device_peak_bytes(const castor_model *model);
 
 /* What the model's training steps have cost since compile (or the last
