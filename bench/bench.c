@@ -410,20 +410,6 @@ int castor_cli_bench(int argc, char **argv)
      * running a GEMM with a thread per core (unless OPENBLAS_NUM_THREADS
      * says otherwise), so the limits and the runs are measured as trained. */
     cli_blas_threads(c.devices);
-    /* Another job on the cores moves every number here: look for one. */
-    cpu_clock look0, look1;
-    cpu_clock_read(&look0);
-    usleep(250000);
-    cpu_clock_read(&look1);
-    c.others_before = others_fraction(&look0, &look1);
-    if (c.others_before > 0.1)
-        fprintf(stderr,
-                "castor: warning: bench: other processes are using %.0f%% of the %d cores: "
-                "the numbers will be noisy\n",
-                100.0 * c.others_before, castor__cpu_count());
-    cpu_clock during0;
-    cpu_clock_read(&during0);
-
     /* The device list, checked once before anything is measured. */
     castor_strategy *probe = NULL;
     castor_strategy_options so = CASTOR_STRATEGY_OPTIONS_INIT;
@@ -454,6 +440,22 @@ int castor_cli_bench(int argc, char **argv)
                    strerror(errno));
         return CLI_EXIT_RUNTIME;
     }
+
+    /* The flags, devices and output checked first: a run refused is refused
+     * at once, without this look. Another job on the cores moves every
+     * number here: look for one. */
+    cpu_clock look0, look1;
+    cpu_clock_read(&look0);
+    usleep(250000);
+    cpu_clock_read(&look1);
+    c.others_before = others_fraction(&look0, &look1);
+    if (c.others_before > 0.1)
+        fprintf(stderr,
+                "castor: warning: bench: other processes are using %.0f%% of the %d cores: "
+                "the numbers will be noisy\n",
+                100.0 * c.others_before, castor__cpu_count());
+    cpu_clock during0;
+    cpu_clock_read(&during0);
 
     int failures = 0;
     double process_peak = NAN;

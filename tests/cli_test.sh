@@ -849,7 +849,7 @@ as_user=()
 if [[ $(id -u) -eq 0 ]]; then as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups); fi
 if [[ $(id -u) -ne 0 ]] || command -v setpriv >/dev/null 2>&1; then
     chmod -R a+rX "$DATA"
-    timeout 300 "${as_user[@]}" "$BIN" "${TRAIN[@]}" --epochs 2 --checkpoint-dir "$RO" \
+    timeout 300 "${as_user[@]}" "$BIN" "${TRAIN[@]}" --epochs 2 --checkpoint-dir "$RO" --quiet \
         >"$T/out" 2>"$T/err"
     rc=$?
     if [[ $rc -eq 1 && $(lines "$T/err") -eq 1 ]] &&
