@@ -892,6 +892,8 @@ rc=$?
 BGPID=""
 if [[ $rc -eq 0 ]]; then
     ok "a signal after --save: skipped (the run ended before the signal came)"
+elif [[ $rc -eq 130 && ! -e "$T/late.safetensors" ]] && grep -q 'progress lost$' "$T/err"; then
+    ok "a signal after --save: skipped (the signal came before the save)"
 elif [[ $rc -eq 130 && -s "$T/late.safetensors" ]] &&
     grep -q "^castor: interrupted after step 1; the model is saved in $T/late.safetensors\$" "$T/err"; then
     ok "a signal after --save -> 130, says the model is saved"
@@ -928,6 +930,8 @@ if [[ $rc -eq 130 ]] && grep -q '^castor: interrupted before training; nothing t
     ok "a signal while the data loads -> 130, no checkpoint"
 elif [[ $rc -eq 130 ]] && [[ "$(newest_step "$SD")" -ge 1 ]] 2>/dev/null; then
     ok "a signal while the data loads: skipped (training had begun: a checkpoint of step $(newest_step "$SD"))"
+elif [[ $rc -eq 130 && ! -s "$T/err" && -z "$(ls -A "$SD" 2>/dev/null)" ]]; then
+    ok "a signal while the data loads: skipped (it came before castor's handlers were set)"
 else
     bad "a signal before training: status $rc, checkpoints '$(ls -A "$SD" 2>&1)'" "$(cat "$T/err")"
 fi
