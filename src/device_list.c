@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "castor.h"
+#include "util.h"
 
 static int list_fail(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -38,20 +39,11 @@ static long parse_count_n(const char *text, size_t len, long lo, long hi)
     return v < lo ? -1 : v;
 }
 
-/* Whether the len characters at tok start with the lower-case ASCII word
- * (of wlen characters), in either case, as the strategies' names are read. */
+/* Whether the len characters at tok start with word (wlen characters), in
+ * either ASCII case, as the strategies' names are read. */
 static int starts_with(const char *tok, size_t len, const char *word, size_t wlen)
 {
-    if (len < wlen)
-        return 0;
-    for (size_t i = 0; i < wlen; i++) {
-        int c = (unsigned char)tok[i];
-        if (c >= 'A' && c <= 'Z')
-            c += 'a' - 'A';
-        if (c != word[i])
-            return 0;
-    }
-    return 1;
+    return len >= wlen && castor__ascii_ieqn(tok, word, wlen);
 }
 
 /* One entry, the len characters at tok (not NUL-terminated there). */

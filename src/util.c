@@ -107,17 +107,24 @@ float castor__strtof_c(const char *s, char **end)
     return v;
 }
 
-int castor__ascii_ieq(const char *a, const char *b)
+static int ascii_lower(int c)
 {
-    for (;; a++, b++) {
-        int x = (unsigned char)*a, y = (unsigned char)*b;
-        if (x >= 'A' && x <= 'Z')
-            x += 'a' - 'A';
-        if (y >= 'A' && y <= 'Z')
-            y += 'a' - 'A';
+    return c >= 'A' && c <= 'Z' ? c + ('a' - 'A') : c;
+}
+
+int castor__ascii_ieqn(const char *a, const char *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        int x = ascii_lower((unsigned char)a[i]), y = ascii_lower((unsigned char)b[i]);
         if (x != y)
             return 0;
         if (!x)
             return 1;
     }
+    return 1;
+}
+
+int castor__ascii_ieq(const char *a, const char *b)
+{
+    return castor__ascii_ieqn(a, b, SIZE_MAX);
 }

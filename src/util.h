@@ -33,6 +33,8 @@ float castor__strtof_c(const char *s, char **end);
 /* a and b equal but for the case of ASCII letters, whatever the locale
  * (strcasecmp follows it: in a Turkish locale "I" is not "i"). */
 int castor__ascii_ieq(const char *a, const char *b);
+/* The first n characters of a and b likewise (no NUL needed within them). */
+int castor__ascii_ieqn(const char *a, const char *b, size_t n);
 
 /* a * b into *out unless it overflows size_t; returns 0 on overflow. */
 int castor__mul_ok(size_t a, size_t b, size_t *out);
