@@ -501,7 +501,7 @@ static int load_parsed(castor_model *m, const castor__st_file *f, const char *pa
             memcpy(exp[i].dst, f->data + src[i]->begin, exp[i].count * sizeof(float));
     free(exp);
     free(src);
-    m->opt = info.opt;
+    m->opt = castor__optim_normalized(&info.opt);
     m->seed = info.seed;
     m->step = info.step;
     m->epoch = info.epoch;

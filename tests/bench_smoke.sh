@@ -97,7 +97,8 @@ RO="$T/ro"
 mkdir "$RO" && chmod 555 "$RO" && chmod 711 "$T"
 as_user=()
 if [[ $(id -u) -eq 0 ]]; then as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups); fi
-if [[ $(id -u) -ne 0 ]] || command -v setpriv >/dev/null 2>&1; then
+# nobody must reach the binary (not so in a checkout under a private home).
+if [[ $(id -u) -ne 0 ]] || { command -v setpriv >/dev/null 2>&1 && "${as_user[@]}" test -x "$BIN"; }; then
     "${as_user[@]}" "$BIN" bench --quick --widths 8 --batches 8 --steps 1 --warmup 0 --input 16 \
         --out "$RO" >"$T/out" 2>"$T/err"
     rc=$?
@@ -108,7 +109,7 @@ if [[ $(id -u) -ne 0 ]] || command -v setpriv >/dev/null 2>&1; then
         bad "bench --out an unwritable directory: status $rc" "$(head -c 300 "$T/out"; cat "$T/err")"
     fi
 else
-    ok "bench --out an unwritable directory: skipped (root without setpriv)"
+    ok "bench --out an unwritable directory: skipped (root, and nobody cannot run $BIN)"
 fi
 chmod 700 "$T"
 

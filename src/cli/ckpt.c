@@ -141,8 +141,8 @@ int cli_ckpt_prune(const char *dir, int keep, const char *spare, char *err, size
             if (spare_name && strcmp(names[k], spare_name) == 0)
                 continue;
             if (unlinkat(dirfd(d), names[k], 0) != 0 && errno != ENOENT)
-                rc = fail(err, errlen, "cannot delete the old checkpoint %s/%s: %s", dir,
-                          names[k], strerror(errno));
+                rc = fail(err, errlen, "cannot delete the old checkpoint %s%s%s: %s", dir,
+                          dir_sep(dir), names[k], strerror(errno));
             else
                 deleted++;
         }

@@ -391,7 +391,7 @@ static int save(train_run *r)
 
 static int evaluate(train_run *r)
 {
-    if (train_stop_signal()) /* arrived while saving: stop before evaluating */
+    if (train_stop_signal()) /* arrived since fit (during --save): stop before evaluating */
         return train_report_interrupt(r);
     int rc = castor_model_evaluate(r->model, r->test, r->o.batch, &r->test_m);
     if (rc != CASTOR_OK) {

@@ -93,8 +93,13 @@ static void draw_bar(cli_progress *pr, const castor_progress *p, double now)
     int w = 0;
     char total[24];
     int digits = snprintf(total, sizeof total, "%lld", (long long)p->steps_per_epoch);
-    w = snprintf(tail, sizeof tail, " %*lld/%s loss %.4f", digits, (long long)p->step_in_epoch,
-                 total, p->loss);
+    char loss[32];
+    if (isnan(p->loss))
+        snprintf(loss, sizeof loss, "nan");
+    else
+        snprintf(loss, sizeof loss, "%.4f", p->loss);
+    w = snprintf(tail, sizeof tail, " %*lld/%s loss %s", digits, (long long)p->step_in_epoch,
+                 total, loss);
     if (!isnan(p->accuracy) && w > 0 && (size_t)w < sizeof tail)
         w += snprintf(tail + w, sizeof tail - (size_t)w, " acc %.4f", p->accuracy);
     if (w > 0 && (size_t)w < sizeof tail)

@@ -1,8 +1,8 @@
 /*
  * What a training run keeps on disk while it trains: a checkpoint every
  * --checkpoint-every steps or epochs, written from the progress callback,
- * and one more when SIGINT or SIGTERM stops the run, so that an interrupted
- * run loses nothing it could have kept. The names and the pruning of the
+ * and one more when SIGINT or SIGTERM stops the run after a step was
+ * trained, so that an interrupted run loses nothing it could have kept. The names and the pruning of the
  * files are ckpt.c's; this file decides when to write and what to say.
  */
 #include <pthread.h>

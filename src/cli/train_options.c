@@ -96,8 +96,9 @@ static const cli_flag train_flags[F_COUNT + 1] = {
     [F_CHECKPOINT_DIR] = {"checkpoint-dir", "DIR", NULL,
                           "write checkpoints DIR/ckpt-<step, 12 digits>.safetensors (DIR is\n"
                           "created if missing) every --checkpoint-every, at the end of\n"
-                          "training, and when SIGINT or SIGTERM stops it; DIR may hold no\n"
-                          "checkpoints but this run's own past (resumed with --resume)"},
+                          "training, and when SIGINT or SIGTERM stops it after a step;\n"
+                          "DIR may hold no checkpoints but this run's own past (resumed\n"
+                          "with --resume)"},
     [F_CHECKPOINT_EVERY] = {"checkpoint-every", "N|epoch", "epoch",
                             "a checkpoint every N optimizer steps, or at the end of every\n"
                             "epoch (needs --checkpoint-dir)"},
@@ -148,7 +149,8 @@ void castor_cli_train_usage(FILE *out)
             "--layers, --loss, --optimizer, --lr, --momentum, --nesterov,\n"
             "--weight-decay and --seed may be left out, and given with a value the\n"
             "file does not have they are an error (status 2). --batch defaults to the\n"
-            "file's batch size, and must be that while an epoch is in progress.\n"
+            "file's batch size. An epoch in progress is finished over the samples it\n"
+            "started with: the same batch size, --data and --validation-split.\n"
             "--epochs is the total for the whole run, the interrupted part included:\n"
             "training continues until that many epochs are done (a checkpoint that has\n"
             "done them all is only evaluated). On the same machine, data, strategy\n"
@@ -159,8 +161,9 @@ void castor_cli_train_usage(FILE *out)
             "global_step (the model's steps in all).\n"
             "\n"
             "SIGINT or SIGTERM stops training after the current step; castor writes a\n"
-            "checkpoint if --checkpoint-dir is set, says where, and exits with status\n"
-            "130 or 143. Exit status 1: the run failed; 2: a flag is wrong, or\n"
+            "checkpoint if --checkpoint-dir is set and a step was trained, says where\n"
+            "(or where --save wrote the model), and exits with status 130 or 143.\n"
+            "Exit status 1: the run failed; 2: a flag is wrong, or\n"
             "the data, a checkpoint or --checkpoint-dir does not fit the flags.\n");
 }
 
