@@ -141,11 +141,31 @@ static void replica_update_task(void *ctx, int index, int count)
     castor__optim_apply_range(u->opt, p, p + u->n, p + 2 * u->n, u->n, u->step, 0, u->n);
 }
 
+/* The cgroup v2 memory limit of this process's group, less what it uses;
+ * SIZE_MAX where there is none ("max") or it cannot be read. */
+static size_t cgroup_room(void)
+{
+    unsigned long long limit = 0, used = 0;
+    FILE *f = fopen("/sys/fs/cgroup/memory.max", "r");
+    int have = f && fscanf(f, "%llu", &limit) == 1;
+    if (f)
+        fclose(f);
+    f = have ? fopen("/sys/fs/cgroup/memory.current", "r") : NULL;
+    have = f && fscanf(f, "%llu", &used) == 1;
+    if (f)
+        fclose(f);
+    if (!have)
+        return SIZE_MAX;
+    return used >= limit ? 0 : limit - used > SIZE_MAX ? SIZE_MAX : (size_t)(limit - used);
+}
+
 /* Host memory the bench may take for one measurement: half of what is
  * available (MemAvailable: free memory and the page cache the kernel can
- * drop), so that a grid model the runs would refuse cannot swap the machine. */
+ * drop; within a container's memory limit), so that a grid model the runs
+ * would refuse cannot swap the machine or get the bench killed. */
 size_t bench_host_memory_allowance(void)
 {
+    size_t room = cgroup_room() / 2;
     FILE *f = fopen("/proc/meminfo", "r");
     if (f) {
         char line[128];
@@ -154,13 +174,16 @@ size_t bench_host_memory_allowance(void)
         while (!found && fgets(line, sizeof line, f))
             found = sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
         fclose(f);
-        if (found)
-            return kib / 2 > SIZE_MAX / 1024 ? SIZE_MAX : (size_t)(kib / 2 * 1024);
+        if (found) {
+            size_t half = kib / 2 > SIZE_MAX / 1024 ? SIZE_MAX : (size_t)(kib / 2 * 1024);
+            return half < room ? half : room;
+        }
     }
     long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
     if (pages <= 0 || size <= 0)
-        return SIZE_MAX;
-    return (size_t)pages / 2 * (size_t)size;
+        return room;
+    size_t half = (size_t)pages / 2 * (size_t)size;
+    return half < room ? half : room;
 }
 
 static void measure_host_cost(const bench_config *c, bench_limits *L, castor__pool *hpool,

@@ -349,7 +349,7 @@ static void measure_copies(const bench_config *c, bench_limits *L, devset *ds,
     size_t bytes = L->copy_bytes;
     int trials = c->quick ? 3 : 7;
     L->copy_pinned = 1;
-    L->copy_min_bytes = bytes >> 12;
+    L->copy_min_bytes = bytes >> 12 ? bytes >> 12 : bytes;
     for (int i = 0; i < ds->n; i++) {
         dev_bufs *b = &bufs[i];
         if (castor__host_alloc(&b->h_src, bytes, ds->cuda) ||
