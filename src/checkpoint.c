@@ -34,6 +34,9 @@
  *                   checkpoint loads on any strategy)
  *   crc32           zlib CRC-32 of the data section, 8 hex digits
  *
+ * The metadata is read and checked in checkpoint_meta.c; this file lays the
+ * tensors out, writes them and holds a file against a model.
+ *
  * Loading checks everything before it changes anything: CASTOR_IO when the
  * file cannot be read, CASTOR_FORMAT when it is not a well-formed castor
  * checkpoint (bad safetensors, missing or bad metadata, CRC mismatch),
@@ -43,21 +46,19 @@
  * hyper-parameters and the seed from the file, so that training continues
  * exactly as it would have.
  */
-#include <errno.h>
 #include <inttypes.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
 
+#include "checkpoint.h"
 #include "host/optim.h"
 #include "model.h"
 #include "safetensors.h"
 #include "strategy.h"
 #include "util.h"
 
-#define CKPT_FORMAT "castor-checkpoint-1"
 #define CKPT_RNG                                                                         \
     "xoshiro256** streams from seed (splitmix64-seeded); weights: stream (seed, init, 0); " \
     "shuffle of epoch e: stream (seed, shuffle, e); shuffle stream index = epoch"
@@ -75,58 +76,6 @@ static uint32_t crc_update(uint32_t crc, const void *data, size_t len)
         len -= chunk;
     }
     return (uint32_t)c;
-}
-
-static const char *loss_name(castor_loss loss)
-{
-    return loss == CASTOR_LOSS_MSE ? "mse" : "softmax_xent";
-}
-
-static int loss_parse(const char *s, castor_loss *out)
-{
-    if (strcmp(s, "softmax_xent") == 0)
-        *out = CASTOR_LOSS_SOFTMAX_XENT;
-    else if (strcmp(s, "mse") == 0)
-        *out = CASTOR_LOSS_MSE;
-    else
-        return -1;
-    return 0;
-}
-
-/* The largest step, epoch or step in an epoch a checkpoint may hold. */
-#define CKPT_MAX_POSITION 999999999999ull
-
-/* A whole decimal number, digits only (no sign, no spaces), <= max. */
-static int parse_uint(const char *s, uint64_t max, uint64_t *out)
-{
-    if (!s || !*s)
-        return -1;
-    uint64_t v = 0;
-    for (const char *p = s; *p; p++) {
-        if (*p < '0' || *p > '9')
-            return -1;
-        unsigned d = (unsigned)(*p - '0');
-        if (d > max || v > (max - d) / 10)
-            return -1;
-        v = v * 10 + d;
-    }
-    *out = v;
-    return 0;
-}
-
-static int parse_float(const char *s, float *out)
-{
-    if (!s || !strchr("+-.0123456789", *s) || !*s)
-        return -1;
-    char *end = NULL;
-    errno = 0;
-    float v = castor__strtof_c(s, &end);
-    /* ERANGE on a finite result is a subnormal (or an underflow to 0, which
-     * the optimizer's own checks then judge): a value like any other. */
-    if (*end || v != v || v - v != 0.0f)
-        return -1;
-    *out = v;
-    return 0;
 }
 
 /* ---- the tensors a model has ---------------------------------------------- */
@@ -190,147 +139,6 @@ static const char *shape_text(const size_t *shape, int rank, char *buf, size_t l
     return buf;
 }
 
-/* ---- metadata ----------------------------------------------------------------- */
-
-typedef struct ckpt_info {
-    int input_features;
-    const char *layers;        /* points into the parsed file */
-    castor_loss loss;
-    castor_optimizer opt;
-    uint64_t seed;
-    int64_t step, epoch, step_in_epoch;
-    int epoch_batch;
-    uint64_t epoch_samples;  /* 0: not in the file */
-    int epoch_shuffle;       /* -1: not in the file */
-    uint32_t crc;
-} ckpt_info;
-
-static int need(const castor__st_file *f, const char *path, const char *key, const char **out,
-                char *err, size_t errlen)
-{
-    *out = castor__st_meta_get(f, key);
-    if (!*out) {
-        castor__errf(err, errlen, "%s: not a complete castor checkpoint: __metadata__ has no "
-                     "'%s'", path, key);
-        return CASTOR_FORMAT;
-    }
-    return CASTOR_OK;
-}
-
-static int bad_value(const char *path, const char *key, const char *value, const char *want,
-                     char *err, size_t errlen)
-{
-    char shown[CASTOR__ST_SHOWN];  /* the value is the file's text: escaped */
-    castor__errf(err, errlen, "%s: __metadata__ '%s' is '%s', not %s", path, key,
-                 castor__st_printable(value, shown, sizeof shown), want);
-    return CASTOR_FORMAT;
-}
-
-/* Read and check the metadata (not yet against a model). */
-static int read_info(const castor__st_file *f, const char *path, ckpt_info *info, char *err,
-                     size_t errlen)
-{
-    memset(info, 0, sizeof *info);
-    const char *v;
-    uint64_t u;
-    int rc;
-    if (!castor__st_meta_get(f, "format")) {
-        castor__errf(err, errlen, "%s: not a castor checkpoint (the safetensors __metadata__ has "
-                     "no 'format')", path);
-        return CASTOR_FORMAT;
-    }
-    v = castor__st_meta_get(f, "format");
-    if (strcmp(v, CKPT_FORMAT) != 0) {
-        char shown[CASTOR__ST_SHOWN];
-        castor__errf(err, errlen, "%s: format '%s' is not %s (written by another program or "
-                     "a newer castor?)", path, castor__st_printable(v, shown, sizeof shown),
-                     CKPT_FORMAT);
-        return CASTOR_FORMAT;
-    }
-    if ((rc = need(f, path, "input_features", &v, err, errlen)))
-        return rc;
-    if (parse_uint(v, INT_MAX, &u) || u == 0)
-        return bad_value(path, "input_features", v, "a positive whole number", err, errlen);
-    info->input_features = (int)u;
-    if ((rc = need(f, path, "layers", &info->layers, err, errlen)))
-        return rc;
-    if ((rc = need(f, path, "loss", &v, err, errlen)))
-        return rc;
-    if (loss_parse(v, &info->loss))
-        return bad_value(path, "loss", v, "softmax_xent or mse", err, errlen);
-
-    if ((rc = need(f, path, "optimizer", &v, err, errlen)))
-        return rc;
-    castor_optimizer_kind kind;
-    if (castor_optimizer_kind_parse(v, &kind))
-        return bad_value(path, "optimizer", v, "sgd, adam or adamw", err, errlen);
-    castor_optimizer opt = castor_optimizer_defaults(kind);
-    static const char *const fkeys[] = {"learning_rate", "momentum", "beta1", "beta2",
-                                        "epsilon", "weight_decay"};
-    float *fvals[] = {&opt.learning_rate, &opt.momentum, &opt.beta1, &opt.beta2, &opt.epsilon,
-                      &opt.weight_decay};
-    for (size_t i = 0; i < sizeof fkeys / sizeof fkeys[0]; i++) {
-        if ((rc = need(f, path, fkeys[i], &v, err, errlen)))
-            return rc;
-        if (parse_float(v, fvals[i]))
-            return bad_value(path, fkeys[i], v, "a finite number", err, errlen);
-    }
-    if ((rc = need(f, path, "nesterov", &v, err, errlen)))
-        return rc;
-    if (parse_uint(v, 1, &u))
-        return bad_value(path, "nesterov", v, "0 or 1", err, errlen);
-    opt.nesterov = (int)u;
-    char oerr[256];
-    if (castor__optim_validate(&opt, oerr, sizeof oerr)) {
-        castor__errf(err, errlen, "%s: bad optimizer in __metadata__: %s", path, oerr);
-        return CASTOR_FORMAT;
-    }
-    info->opt = opt;
-
-    if ((rc = need(f, path, "seed", &v, err, errlen)))
-        return rc;
-    if (parse_uint(v, UINT64_MAX, &info->seed))
-        return bad_value(path, "seed", v, "a whole number", err, errlen);
-    static const char *const ikeys[] = {"step", "epoch", "step_in_epoch"};
-    int64_t *ivals[] = {&info->step, &info->epoch, &info->step_in_epoch};
-    for (size_t i = 0; i < 3; i++) {
-        if ((rc = need(f, path, ikeys[i], &v, err, errlen)))
-            return rc;
-        /* Checkpoint names hold 12 digits of step, and a step counter near
-         * INT64_MAX would overflow as training goes on. */
-        if (parse_uint(v, CKPT_MAX_POSITION, &u))
-            return bad_value(path, ikeys[i], v, "a whole number from 0 to 999999999999", err,
-                             errlen);
-        *ivals[i] = (int64_t)u;
-    }
-    if ((rc = need(f, path, "epoch_batch", &v, err, errlen)))
-        return rc;
-    if (parse_uint(v, INT_MAX, &u))
-        return bad_value(path, "epoch_batch", v, "a whole number >= 0", err, errlen);
-    info->epoch_batch = (int)u;
-    if (info->step_in_epoch > 0 && info->epoch_batch == 0)
-        return bad_value(path, "epoch_batch", v, "a batch size (an epoch is in progress)", err,
-                         errlen);
-    /* Optional: older files lack them. */
-    if ((v = castor__st_meta_get(f, "epoch_samples")) &&
-        (parse_uint(v, UINT32_MAX, &info->epoch_samples) || info->epoch_samples == 0))
-        return bad_value(path, "epoch_samples", v, "a positive whole number", err, errlen);
-    info->epoch_shuffle = -1;
-    if ((v = castor__st_meta_get(f, "epoch_shuffle"))) {
-        if (parse_uint(v, 1, &u))
-            return bad_value(path, "epoch_shuffle", v, "0 or 1", err, errlen);
-        info->epoch_shuffle = (int)u;
-    }
-
-    if ((rc = need(f, path, "crc32", &v, err, errlen)))
-        return rc;
-    size_t len = strlen(v);
-    if (len != 8 || strspn(v, "0123456789abcdefABCDEF") != len)
-        return bad_value(path, "crc32", v, "8 hex digits", err, errlen);
-    info->crc = (uint32_t)strtoul(v, NULL, 16);
-    return CASTOR_OK;
-}
-
 /* ---- load ------------------------------------------------------------------------ */
 
 static int cmp_tensor_name(const void *a, const void *b)
@@ -347,7 +155,7 @@ static int cmp_key_tensor(const void *key, const void *elem)
 /* Compare the file with the model; nothing is changed. On success *out_exp
  * (count *out_n) says where each expected tensor goes and its source. */
 static int check_against_model(castor_model *m, const castor__st_file *f, const char *path,
-                               const ckpt_info *info, expect **out_exp,
+                               const castor__ckpt_info *info, expect **out_exp,
                                const castor__st_tensor ***out_src, size_t *out_n)
 {
     char *err = m->errmsg;
@@ -395,7 +203,7 @@ static int check_against_model(castor_model *m, const castor__st_file *f, const 
     free(theirs);
     if (info->loss != m->loss) {
         castor__errf(err, errlen, "%s: the checkpoint's loss is %s, the model's %s", path,
-                     loss_name(info->loss), loss_name(m->loss));
+                     castor__ckpt_loss_name(info->loss), castor__ckpt_loss_name(m->loss));
         return CASTOR_MISMATCH;
     }
     if (info->opt.kind != m->opt.kind) {
@@ -485,8 +293,8 @@ static int check_against_model(castor_model *m, const castor__st_file *f, const 
  * before anything changes. */
 static int load_parsed(castor_model *m, const castor__st_file *f, const char *path)
 {
-    ckpt_info info;
-    int rc = read_info(f, path, &info, m->errmsg, sizeof m->errmsg);
+    castor__ckpt_info info;
+    int rc = castor__ckpt_read_info(f, path, &info, m->errmsg, sizeof m->errmsg);
     if (rc)
         return rc;
     expect *exp = NULL;
@@ -566,14 +374,14 @@ int castor_model_open(castor_model **out, const char *path, castor_strategy *str
     *out = NULL;
     char err[512];
     castor__st_file f;
-    ckpt_info info;
+    castor__ckpt_info info;
     int rc;
     if (!path || !*path) {
         snprintf(err, sizeof err, "open: no file name given");
         rc = CASTOR_MISUSE;
     } else {
         rc = castor__st_read(path, &f, err, sizeof err);
-        if (!rc && (rc = read_info(&f, path, &info, err, sizeof err)))
+        if (!rc && (rc = castor__ckpt_read_info(&f, path, &info, err, sizeof err)))
             castor__st_free(&f);
     }
     if (rc) {
@@ -663,11 +471,11 @@ int castor_model_save(castor_model *m, const char *path)
     (castor__format_g9(vals[k], sizeof vals[k], (double)(x)), meta[k].key = (name),    \
      meta[k].value = vals[k], k++)
     const castor_optimizer *o = &m->opt;
-    META_S("format", CKPT_FORMAT);
+    META_S("format", CASTOR__CKPT_FORMAT);
     META_S("castor_version", castor_version());
     META_F("input_features", "%d", m->input_features);
     META_S("layers", spec);
-    META_S("loss", loss_name(m->loss));
+    META_S("loss", castor__ckpt_loss_name(m->loss));
     META_S("optimizer", castor_optimizer_kind_name(o->kind));
     META_G("learning_rate", o->learning_rate);
     META_G("momentum", o->momentum);
