@@ -9,7 +9,8 @@
  *             and each run's lower-bound step time from them
  *   host_limits.c  the host's: memory bandwidth (a triad on the host pool)
  *             and castor's host reduction and optimizer at each model size
- *   report.c  the table on stdout, bench.csv, bench.json and bench.png
+ *   report.c  the table on stdout, bench.csv and bench.json
+ *   plot.c    bench.png (gnuplot)
  *
  * The bench is part of the castor program (src/cli/ dispatches
  * "castor bench" to castor_cli_bench), so it may print; it drives training
@@ -192,6 +193,8 @@ void bench_print_table(FILE *out, const bench_config *c, const bench_result *r, 
 int bench_write_csv(const char *path, const bench_config *c, const bench_result *r, int n);
 int bench_write_json(const char *path, const bench_config *c, const bench_limits *L,
                      const bench_result *r, int n, double wall_seconds);
+
+/* ---- plot.c ---- */
 /* Returns 0 on success, 1 when gnuplot is missing or failed (warned on
  * stderr; not fatal). */
 int bench_plot(const char *dir, const bench_config *c, const bench_result *r, int n);
