@@ -46,6 +46,26 @@ run() {
     rc=$?
 }
 lines() { if [[ -s "$1" ]]; then wc -l <"$1"; else echo 0; fi; }
+# wait_for PID CMD...: every 5 ms until CMD succeeds (0) or PID has ended or
+# 20 s have passed (1).
+wait_for() {
+    local pid=$1
+    shift
+    for _ in $(seq 1 4000); do
+        "$@" && return 0
+        kill -0 "$pid" 2>/dev/null || return 1
+        sleep 0.005
+    done
+    return 1
+}
+tmp_file_in() { compgen -G "$1/ckpt-*.safetensors.tmp.*" >/dev/null; }
+# Whether process $1 has a handler for SIGINT (a script's background job
+# starts with SIGINT ignored: a signal before the handler would be lost).
+catches_sigint() {
+    local caught
+    caught=$(awk '/^SigCgt:/ {print $2}' "/proc/$1/status" 2>/dev/null) || return 1
+    [[ -n "$caught" ]] && (( 0x$caught & 2 ))
+}
 
 # A failure that must be one line on stderr starting "castor: " with status $1.
 expect_error() {
@@ -738,11 +758,7 @@ done
 kill -INT "$BGPID" 2>/dev/null
 # The second one as soon as the checkpoint's temporary file appears.
 seen_tmp=0
-for _ in $(seq 1 4000); do
-    if compgen -G "$ID/ckpt-*.safetensors.tmp.*" >/dev/null; then seen_tmp=1; break; fi
-    kill -0 "$BGPID" 2>/dev/null || break
-    sleep 0.005
-done
+wait_for "$BGPID" tmp_file_in "$ID" && seen_tmp=1
 kill -INT "$BGPID" 2>/dev/null
 wait "$BGPID"
 rc=$?
@@ -882,11 +898,7 @@ rm -f "$T/late.safetensors"
 "$BIN" train --data "$BIG" --layers 2048:relu,2048:relu,10 --devices cpu:2 --batch 64 \
     --epochs 1 --save "$T/late.safetensors" 2>"$T/err" >/dev/null &
 BGPID=$!
-for _ in $(seq 1 6000); do
-    grep -q '^epoch 1/1' "$T/err" 2>/dev/null && break
-    kill -0 "$BGPID" 2>/dev/null || break
-    sleep 0.005
-done
+wait_for "$BGPID" grep -q '^epoch 1/1' "$T/err"
 kill -INT "$BGPID" 2>/dev/null
 wait "$BGPID"
 rc=$?
@@ -921,14 +933,7 @@ SD="$T/ck-early"
 "$BIN" train --data "$SLOW" --layers 32:relu,10 --epochs 1 --checkpoint-dir "$SD" \
     >/dev/null 2>"$T/err" &
 BGPID=$!
-# Signalled once its SIGINT handler is in place (a script's background job
-# starts with SIGINT ignored: a signal before that would be lost).
-for _ in $(seq 1 4000); do
-    caught=$(awk '/^SigCgt:/ {print $2}' "/proc/$BGPID/status" 2>/dev/null)
-    [[ -z "$caught" ]] && break
-    (( 0x$caught & 2 )) && break
-    sleep 0.002
-done
+wait_for "$BGPID" catches_sigint "$BGPID"
 kill -INT "$BGPID" 2>/dev/null
 wait "$BGPID"
 rc=$?
