@@ -261,7 +261,8 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
     double t0 = castor__now();
     int64_t steps_done = 0;
     castor_metrics epoch_metrics = {NAN, NAN, 0};
-    int stop = 0, asked_to_stop = 0;  /* the limit or the callback; the callback */
+    int stop = 0;           /* max_steps reached, or the callback asked */
+    int asked_to_stop = 0;  /* the callback asked: CASTOR_INTERRUPTED */
     for (int e = 0; e < o->epochs && !rc && !stop; e++) {
         castor__rng rng;
         castor__rng_seed(&rng, m->seed, CASTOR_RNG_SHUFFLE, (uint64_t)m->epoch);
