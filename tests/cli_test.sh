@@ -142,6 +142,15 @@ else
 fi
 
 expect_error 2 "castor version with an argument" version extra
+for how in "version --help" "help version"; do
+    # shellcheck disable=SC2086
+    run $how
+    if [[ $rc -eq 0 ]] && grep -q '^usage: castor version' "$T/out"; then
+        ok "castor $how"
+    else
+        bad "castor $how: status $rc" "$(cat "$T/out" "$T/err")"
+    fi
+done
 expect_error 2 "castor --version with an argument" --version junk
 
 # Output that cannot be written is a failure (status 1 and a message), not 0.

@@ -23,6 +23,7 @@ void castor_cli_usage(FILE *out)
 #ifdef CASTOR_HAVE_BENCH
             "  bench        measure central storage against mirrored and the hardware limits\n"
 #endif
+            "  version      print the version\n"
             "  help [CMD]   show this help, or the help of CMD\n"
             "\n"
             "flags:\n"
@@ -34,8 +35,21 @@ void castor_cli_usage(FILE *out)
             "SIGINT/SIGTERM.\n");
 }
 
+static void version_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: castor version   (or: castor --version)\n"
+            "\n"
+            "Print castor's version, and warn if the library it runs with is not the one\n"
+            "its header came from.\n");
+}
+
 static int print_version(int argc, char **argv)
 {
+    if (argc == 2 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
+        version_usage(stdout);
+        return CLI_EXIT_OK;
+    }
     if (argc > 1) {
         cli_errorf("%s takes no arguments, not '%s'", argv[0], argv[1]);
         return CLI_EXIT_USAGE;
@@ -72,6 +86,8 @@ static int help(int argc, char **argv)
         return castor_cli_bench(2, bench_argv);
     }
 #endif
+    else if (strcmp(cmd, "version") == 0)
+        version_usage(stdout);
     else if (strcmp(cmd, "help") == 0)
         castor_cli_usage(stdout);
     else {
