@@ -374,31 +374,6 @@ out:
 
 /* ---- the command --------------------------------------------------------- */
 
-static int mkdir_p(const char *path)
-{
-    char buf[4096];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = '\0';
-        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-            return -1;
-        *p = '/';
-    }
-    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
-        return -1;
-    struct stat sb;
-    if (stat(buf, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-        errno = ENOTDIR;
-        return -1;
-    }
-    return 0;
-}
-
 int castor_cli_bench(int argc, char **argv)
 {
     bench_config c;
@@ -429,9 +404,9 @@ int castor_cli_bench(int argc, char **argv)
                        c.replicas);
             return CLI_EXIT_USAGE;
         }
-    if (mkdir_p(c.out_dir) != 0) {
-        cli_errorf("bench: cannot create the output directory %s: %s", c.out_dir,
-                   strerror(errno));
+    char err[4096 + 256];
+    if (cli_mkdir_p(c.out_dir, NULL, 0, err, sizeof err) != 0) {
+        cli_errorf("bench: the output directory: %s", err);
         return CLI_EXIT_RUNTIME;
     }
     /* Found out now, not after the whole grid has run. */

@@ -938,7 +938,9 @@ for prefix, n in (("train", 60000), ("t10k", 100)):
     with gzip.open(os.path.join(sys.argv[1], prefix + "-labels-idx1-ubyte.gz"), "wb", 1) as f:
         f.write(struct.pack(">II", 0x801, n) + bytes(b % 10 for b in os.urandom(n)))
 EOF
-SD="$T/ck-early"
+# The directories made for it are taken back: an interrupted or failed run
+# leaves no empty --checkpoint-dir of its own behind.
+SD="$T/ck-early/a/b"
 "$BIN" train --data "$SLOW" --layers 32:relu,10 --epochs 1 --checkpoint-dir "$SD" \
     >/dev/null 2>"$T/err" &
 BGPID=$!
@@ -948,12 +950,12 @@ wait "$BGPID"
 rc=$?
 BGPID=""
 if [[ $rc -eq 130 ]] && grep -q '^castor: interrupted before training; nothing to save$' "$T/err" &&
-    [[ -z "$(ls -A "$SD" 2>/dev/null)" ]]; then
-    ok "a signal while the data loads -> 130, no checkpoint"
+    [[ ! -e "$T/ck-early" ]]; then
+    ok "a signal while the data loads -> 130, no checkpoint, no directory left"
 elif [[ $rc -eq 130 ]] && [[ "$(newest_step "$SD")" -ge 1 ]] 2>/dev/null; then
     ok "a signal while the data loads: skipped (training had begun: a checkpoint of step $(newest_step "$SD"))"
 else
-    bad "a signal before training: status $rc, checkpoints '$(ls -A "$SD" 2>&1)'" "$(cat "$T/err")"
+    bad "a signal before training: status $rc, left '$(find "$T/ck-early" 2>&1)'" "$(cat "$T/err")"
 fi
 
 # ---- a test set that does not fit the model is refused before training -------------------

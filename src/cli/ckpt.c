@@ -154,35 +154,6 @@ int cli_ckpt_prune(const char *dir, int keep, const char *spare, char *err, size
     return rc ? rc : deleted;
 }
 
-int cli_mkdir_p(const char *dir, char *err, size_t errlen)
-{
-    char path[CLI_PATH_MAX];
-    int n = snprintf(path, sizeof path, "%s", dir);
-    if (n <= 0 || (size_t)n >= sizeof path)
-        return fail(err, errlen, "%s: path too long", dir);
-    /* Each parent in turn, then the directory itself. */
-    for (char *c = path + 1;; c++) {
-        if (*c != '/' && *c != '\0')
-            continue;
-        char keep = *c;
-        *c = '\0';
-        if (mkdir(path, 0777) != 0 && errno != EEXIST)
-            return fail(err, errlen, "cannot create the directory %s: %s", path,
-                        strerror(errno));
-        *c = keep;
-        if (keep == '\0')
-            break;
-        while (c[1] == '/')
-            c++;
-    }
-    struct stat st;
-    if (stat(dir, &st) != 0)
-        return fail(err, errlen, "%s: %s", dir, strerror(errno));
-    if (!S_ISDIR(st.st_mode))
-        return fail(err, errlen, "%s exists and is not a directory", dir);
-    return 0;
-}
-
 /* ---- __metadata__ --------------------------------------------------------------- */
 
 static const char *meta_str(const cJSON *meta, const char *key)

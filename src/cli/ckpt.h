@@ -42,10 +42,6 @@ int cli_ckpt_newest(const char *dir, char *buf, size_t size, int64_t *step, char
  * deleted, or -1 (err says which could not be). */
 int cli_ckpt_prune(const char *dir, int keep, const char *spare, char *err, size_t errlen);
 
-/* mkdir -p: create dir and its missing parents (mode 0777 less the umask);
- * 0 if it is, or now is, a directory. */
-int cli_mkdir_p(const char *dir, char *err, size_t errlen);
-
 typedef struct cli_ckpt_meta {
     int input_features;
     char layers[CLI_LAYERS_MAX]; /* "128:relu,10:linear" */

@@ -291,7 +291,8 @@ static int prepare_outputs(train_run *r)
         }
     }
     if (r->o.checkpoint_dir) {
-        if (cli_mkdir_p(r->o.checkpoint_dir, err, sizeof err) != 0) {
+        if (cli_mkdir_p(r->o.checkpoint_dir, r->ckpt_dir_made, sizeof r->ckpt_dir_made, err,
+                        sizeof err) != 0) {
             cli_errorf("--checkpoint-dir %s", err);
             return CLI_EXIT_RUNTIME;
         }
@@ -439,6 +440,10 @@ int castor_cli_train(int argc, char **argv)
         (rc = prepare_outputs(&run)) == 0 && (rc = fit(&run)) == 0 && (rc = save(&run)) == 0 &&
         (rc = evaluate(&run)) == 0)
         rc = train_report(&run);
+    /* A run that failed or was stopped before its first checkpoint leaves
+     * no empty --checkpoint-dir of its own making behind. */
+    if (rc != 0 && run.o.checkpoint_dir)
+        cli_rmdir_made(run.o.checkpoint_dir, run.ckpt_dir_made);
 
     train_run_free(&run);
     return rc;

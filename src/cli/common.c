@@ -2,13 +2,16 @@
 #include "common.h"
 
 #include <cblas.h>
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "args.h"
+#include "ckpt.h"
 #include "src/device_list.h"
 
 const char *cli_data_dir(const char *data)
@@ -136,4 +139,64 @@ int cli_flush_results(const char *cmd)
         return 0;
     cli_errorf("%s%scannot write the results to stdout", cmd ? cmd : "", cmd ? ": " : "");
     return CLI_EXIT_RUNTIME;
+}
+
+int cli_mkdir_p(const char *dir, char *made, size_t made_len, char *err, size_t errlen)
+{
+    char path[CLI_PATH_MAX];
+    if (made && made_len)
+        made[0] = '\0';
+    int n = snprintf(path, sizeof path, "%s", dir);
+    if (n <= 0 || (size_t)n >= sizeof path) {
+        snprintf(err, errlen, "%s: path too long", dir);
+        return -1;
+    }
+    /* Each parent in turn, then the directory itself. */
+    for (char *c = path + 1;; c++) {
+        if (*c != '/' && *c != '\0')
+            continue;
+        char keep = *c;
+        *c = '\0';
+        if (mkdir(path, 0777) == 0) {
+            if (made && made_len && !made[0])
+                snprintf(made, made_len, "%s", path);
+        } else if (errno != EEXIST) {
+            snprintf(err, errlen, "cannot create the directory %s: %s", path, strerror(errno));
+            return -1;
+        }
+        *c = keep;
+        if (keep == '\0')
+            break;
+        while (c[1] == '/')
+            c++;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        snprintf(err, errlen, "%s: %s", dir, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(err, errlen, "%s exists and is not a directory", dir);
+        return -1;
+    }
+    return 0;
+}
+
+void cli_rmdir_made(const char *dir, const char *made)
+{
+    char path[CLI_PATH_MAX];
+    if (!made || !made[0] || snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
+        return;
+    /* made is a prefix of dir as cli_mkdir_p spelled it, ending at a
+     * component: walk up from dir, a component at a time, down to it. */
+    size_t n = strlen(path), made_n = strlen(made);
+    for (;;) {
+        while (n > 1 && path[n - 1] == '/')
+            path[--n] = '\0';
+        if (n < made_n || rmdir(path) != 0 || n == made_n)
+            return;
+        while (n > 0 && path[n - 1] != '/')
+            n--;
+        path[n] = '\0';
+    }
 }

@@ -56,6 +56,19 @@ int cli_check_labels(const castor_dataset *ds, int units, const char *which, con
                      const char *why);
 int cli_one_hot_targets(castor_dataset **ds, int units, const char *which, const char *what);
 
+/*
+ * mkdir -p: create dir and its missing parents (mode 0777 less the umask);
+ * 0 if it is, or now is, a directory, else -1 and err says why. made (may
+ * be NULL; made_len bytes) receives the topmost directory this call
+ * created, "" when it created none, for cli_rmdir_made.
+ */
+int cli_mkdir_p(const char *dir, char *made, size_t made_len, char *err, size_t errlen);
+
+/* Take back what cli_mkdir_p(dir) made: remove dir and its parents up to
+ * and including made, each only if it is still empty (a run that failed
+ * leaves no empty directory behind, and never removes anything else). */
+void cli_rmdir_made(const char *dir, const char *made);
+
 /* The end of a text report: flush stdout, so that a full disk or a closed
  * pipe is an error (CLI_EXIT_RUNTIME, printed with "CMD: " when cmd is not
  * NULL) and not a silent loss; 0 when it is all written. */

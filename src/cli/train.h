@@ -67,6 +67,7 @@ typedef struct train_run {
     int checkpoints;          /* written by this run */
     int64_t last_ckpt_step;   /* -1: none yet */
     char last_ckpt[CLI_PATH_MAX];
+    char ckpt_dir_made[CLI_PATH_MAX]; /* the topmost directory made for --checkpoint-dir */
     char ckpt_error[CLI_PATH_MAX + 1024]; /* a failed write, reported after fit stops */
     int saved;                /* --save written */
 } train_run;
