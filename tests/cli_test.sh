@@ -837,6 +837,30 @@ expect_error 2 "--resume mid-epoch with another --validation-split" "${TRAIN[@]}
     --epochs 2 --resume "$T/ck-fail/ckpt-000000000004.safetensors" --validation-split 64
 grep -q -- "over 512 training samples.*has 448 (after --validation-split 64)" "$T/err" ||
     bad "the error does not give both sample counts and the split" "$(cat "$T/err")"
+# At an epoch boundary, --validation-split left out of --resume defaults to
+# the run's own (the file trained on 448 of the 512 samples): the result is
+# the uninterrupted run's, and the held-out samples were never trained on.
+run "${TRAIN[@]}" --epochs 2 --batch 64 --validation-split 64 --quiet --json
+whole=$(tail -n 1 "$T/out")
+run "${TRAIN[@]}" --epochs 1 --batch 64 --validation-split 64 --quiet --checkpoint-dir "$T/ck-vs"
+run "${TRAIN[@]}" --epochs 2 --resume "$T/ck-vs" --json
+if [[ $rc -eq 0 ]] && grep -q -- '^castor: --validation-split 64, as .* trained on 448 of the 512' "$T/err" &&
+    tail -n 1 "$T/out" | python3 -c '
+import json, sys
+d, w = json.loads(sys.stdin.read()), json.loads(sys.argv[1])
+assert d["validation_samples"] == 64 and d["train_samples"] == 448, d
+for k in ("test_loss", "test_accuracy", "val_loss", "val_accuracy"):
+    assert d[k] == w[k], (k, d[k], w[k])' "$whole"; then
+    ok "--resume at an epoch boundary keeps the run's --validation-split: as if never stopped"
+else
+    bad "--resume left out --validation-split: status $rc" "$(tail -n 1 "$T/out"; cat "$T/err")"
+fi
+run "${TRAIN[@]}" --epochs 2 --resume "$T/ck-vs" --validation-split 0 --quiet --json
+if [[ $rc -eq 0 ]] && grep -q 'warning: .* trained its epochs on 448 samples; this run trains on 512' "$T/err"; then
+    ok "--resume with another --validation-split at an epoch boundary: a warning"
+else
+    bad "--resume with another --validation-split: status $rc" "$(cat "$T/err")"
+fi
 after=$(snapshot "$T/ck-empty" "$T/ck-bad" "$SAVED")
 if [[ "$before" == "$after" && ! -e "$T/ck-new" && ! -e "$T/never.safetensors" ]]; then
     ok "the failed resumes and outputs changed nothing on disk"

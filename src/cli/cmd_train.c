@@ -116,24 +116,32 @@ static int load_data(train_run *r)
                    cli_why(castor_dataset_errmsg(r->test), rc));
         return CLI_EXIT_RUNTIME;
     }
+    if ((rc = train_split_validation(r)) != 0)
+        return rc;
+    train_note(r, "data %s: %zu training, %zu test samples of %d features", r->data_dir,
+               castor_dataset_size(r->train), castor_dataset_size(r->test),
+               castor_dataset_features(r->train));
+    return 0;
+}
+
+int train_split_validation(train_run *r)
+{
     size_t n = castor_dataset_size(r->train);
-    if (r->o.validation_split > 0) {
-        if ((size_t)r->o.validation_split >= n) {
-            cli_errorf("--validation-split %d leaves no training samples (the training set has "
-                       "%zu)",
-                       r->o.validation_split, n);
-            return CLI_EXIT_USAGE;
-        }
-        rc = castor_dataset_split_tail(r->train, (size_t)r->o.validation_split, &r->val);
-        if (rc != CASTOR_OK) {
-            cli_errorf("--validation-split %d: %s", r->o.validation_split,
-                       cli_why(castor_dataset_errmsg(r->train), rc));
-            return cli_exit_for(rc);
-        }
+    if (r->o.validation_split <= 0)
+        return 0;
+    if ((size_t)r->o.validation_split >= n) {
+        cli_errorf("--validation-split %d leaves no training samples (the training set has %zu)",
+                   r->o.validation_split, n);
+        return CLI_EXIT_USAGE;
     }
-    train_note(r, "data %s: %zu training, %zu validation, %zu test samples of %d features",
-         r->data_dir, castor_dataset_size(r->train), r->val ? castor_dataset_size(r->val) : 0,
-         castor_dataset_size(r->test), castor_dataset_features(r->train));
+    int rc = castor_dataset_split_tail(r->train, (size_t)r->o.validation_split, &r->val);
+    if (rc != CASTOR_OK) {
+        cli_errorf("--validation-split %d: %s", r->o.validation_split,
+                   cli_why(castor_dataset_errmsg(r->train), rc));
+        return cli_exit_for(rc);
+    }
+    train_note(r, "--validation-split %d: %zu training, %zu validation samples",
+               r->o.validation_split, castor_dataset_size(r->train), castor_dataset_size(r->val));
     return 0;
 }
 

@@ -35,7 +35,7 @@ typedef struct train_opts {
     int host_threads, tf32;
     int json, quiet, verbose;
     /* given on the command line (a resumed run takes the others from the file) */
-    int layers_set, loss_set, optimizer_set, seed_set, batch_set;
+    int layers_set, loss_set, optimizer_set, seed_set, batch_set, validation_split_set;
     const char *save, *checkpoint_dir, *resume;
     int checkpoint_every; /* steps; CKPT_EVERY_EPOCH: at every epoch's end */
     int every_set, keep, keep_set;
@@ -85,6 +85,9 @@ void train_note(train_run *r, const char *fmt, ...) __attribute__((format(printf
 int train_check_batch(const train_run *r);
 /* --loss mse: every data set gets one-hot targets, a unit per class. */
 int train_mse_targets(train_run *r, const char *what);
+/* The last o.validation_split samples of the training set become the
+ * validation set (none when it is 0). */
+int train_split_validation(train_run *r);
 
 /* ---- train_resume.c ---- */
 

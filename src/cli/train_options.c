@@ -149,8 +149,10 @@ void castor_cli_train_usage(FILE *out)
             "--layers, --loss, --optimizer, --lr, --momentum, --nesterov,\n"
             "--weight-decay and --seed may be left out, and given with a value the\n"
             "file does not have they are an error (status 2). --batch defaults to the\n"
-            "file's batch size. An epoch in progress is finished over the samples it\n"
-            "started with: the same batch size, --data and --validation-split.\n"
+            "file's batch size, and --validation-split to what leaves as many training\n"
+            "samples as the file's epochs had (the same --data assumed). An epoch in\n"
+            "progress is finished over the samples it started with: the same batch\n"
+            "size, --data and --validation-split.\n"
             "--epochs is the total for the whole run, the interrupted part included:\n"
             "training continues until that many epochs are done (a checkpoint that has\n"
             "done them all is only evaluated). On the same machine, data, strategy\n"
@@ -244,6 +246,7 @@ int train_parse_args(train_opts *o, int argc, char **argv)
             break;
         case F_VALIDATION_SPLIT:
             bad = cli_parse_int(name, v, 0, 0x7fffffff, &o->validation_split);
+            o->validation_split_set = 1;
             break;
         case F_SEED:
             bad = cli_parse_u64(name, v, &o->seed);

@@ -5,6 +5,7 @@
  * disagree with it are refused rather than silently ignored.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -139,6 +140,26 @@ int train_resume(train_run *r)
     if ((rc = check_resume_flags(r)) != 0)
         return rc;
     size_t samples = castor_dataset_size(r->train);
+    /* The file's epochs were over epoch_samples training samples: on the
+     * same --data, a run started with --validation-split held the rest
+     * back, and left out here that split would fold the held-out samples
+     * into training. */
+    int64_t had = r->meta.epoch_samples;
+    if (!r->o.validation_split_set && had > 0 && (uint64_t)had < samples &&
+        samples - (uint64_t)had <= INT_MAX) {
+        r->o.validation_split = (int)(samples - (uint64_t)had);
+        if (!r->o.quiet)
+            fprintf(stderr, "castor: --validation-split %d, as %s trained on %lld of the %zu "
+                            "training samples\n",
+                    r->o.validation_split, path, (long long)had, samples);
+        if ((rc = train_split_validation(r)) != 0)
+            return rc;
+        samples = castor_dataset_size(r->train);
+    }
+    if (r->meta.step_in_epoch == 0 && had > 0 && (uint64_t)had != samples)
+        fprintf(stderr, "castor: warning: %s trained its epochs on %lld samples; this run trains "
+                        "on %zu\n",
+                path, (long long)had, samples);
     if (r->meta.step_in_epoch > 0 && r->meta.epoch_samples > 0 &&
         (uint64_t)r->meta.epoch_samples != samples) {
         char split[64] = "";
