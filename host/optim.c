@@ -125,6 +125,22 @@ int castor__optim_validate(const castor_optimizer *opt, char *err, size_t errlen
     return CASTOR_OK;
 }
 
+int castor__optim_check_dropped(const castor_optimizer *opt, char *err, size_t errlen)
+{
+    const char *kind = castor_optimizer_kind_name(opt->kind);
+    if (opt->kind != CASTOR_OPT_SGD && (opt->momentum != 0.0f || opt->nesterov)) {
+        castor__errf(err, errlen, "%s: %s applies to sgd only (set it to 0)", kind,
+                     opt->momentum != 0.0f ? "momentum" : "nesterov");
+        return CASTOR_INVALID;
+    }
+    if (opt->kind != CASTOR_OPT_ADAMW && opt->weight_decay != 0.0f) {
+        castor__errf(err, errlen, "%s: weight_decay applies to adamw only (set it to 0, or use "
+                                  "adamw for decoupled weight decay)", kind);
+        return CASTOR_INVALID;
+    }
+    return CASTOR_OK;
+}
+
 castor_optimizer castor__optim_normalized(const castor_optimizer *opt)
 {
     castor_optimizer out = castor_optimizer_defaults(opt->kind);

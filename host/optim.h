@@ -28,6 +28,11 @@ int castor__optim_slots(const castor_optimizer *opt);
 const char *castor__optim_slot_name(const castor_optimizer *opt, int slot);
 /* Check hyper-parameters; on error writes a message and returns CASTOR_INVALID. */
 int castor__optim_validate(const castor_optimizer *opt, char *err, size_t errlen);
+/* Settings another kind has and opt's kind would drop: momentum or nesterov
+ * for Adam/AdamW, weight_decay for SGD/Adam (Keras applies those there; a
+ * model refuses them rather than train without them). CASTOR_INVALID and
+ * a message, or CASTOR_OK. */
+int castor__optim_check_dropped(const castor_optimizer *opt, char *err, size_t errlen);
 /* opt with the fields its kind does not read set to the kind's defaults:
  * what a model keeps, so that a checkpoint never carries a stray NaN. */
 castor_optimizer castor__optim_normalized(const castor_optimizer *opt);

@@ -171,16 +171,21 @@ typedef enum castor_optimizer_kind {
     CASTOR_OPT_ADAMW = 2
 } castor_optimizer_kind;
 
-/* Hyper-parameters; the defaults are Keras's. */
+/* Hyper-parameters; the defaults (castor_optimizer_defaults) are Keras's,
+ * and so are the update rules. Fields another kind reads are not checked,
+ * except that compile refuses a non-zero momentum, nesterov or
+ * weight_decay on a kind that would drop it. */
 typedef struct castor_optimizer {
     castor_optimizer_kind kind;
     float learning_rate;  /* SGD 0.01, Adam/AdamW 0.001 */
     float momentum;       /* SGD only; 0 = plain SGD */
     int nesterov;         /* SGD only */
-    float beta1;          /* 0.9 */
-    float beta2;          /* 0.999 */
-    float epsilon;        /* 1e-7 */
-    float weight_decay;   /* AdamW only: 0.004 */
+    float beta1;          /* Adam/AdamW: 0.9 */
+    float beta2;          /* Adam/AdamW: 0.999 */
+    float epsilon;        /* Adam/AdamW: 1e-7 */
+    float weight_decay;   /* AdamW only: 0.004; decoupled, biases included:
+                             w -= learning_rate * weight_decay * w before
+                             the Adam step */
 } castor_optimizer;
 
 CASTOR_API castor_optimizer castor_optimizer_defaults(castor_optimizer_kind kind);

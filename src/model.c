@@ -246,7 +246,8 @@ int castor_model_compile(castor_model *m, castor_strategy *s, castor_loss loss,
                                   "softmax cross-entropy needs at least 2 output units");
     castor_optimizer opt = optimizer ? *optimizer : castor_optimizer_defaults(CASTOR_OPT_ADAM);
     char err[256];
-    if (castor__optim_validate(&opt, err, sizeof err))
+    if (castor__optim_validate(&opt, err, sizeof err) ||
+        castor__optim_check_dropped(&opt, err, sizeof err))
         return castor__model_fail(m, CASTOR_INVALID, "%s", err);
 
     /* A model whose strategy was freed may be compiled again: it starts

@@ -802,6 +802,14 @@ for flag in "optimizer sgd" "lr 0.5" "seed 7" "loss mse"; do
     if ! grep -q -- "--${flag%% *}" "$T/err"; then bad "the error does not name --${flag%% *}" "$(cat "$T/err")"; fi
 done
 expect_error 2 "--resume with bad --layers" "${TRAIN[@]}" --layers 32:frob,10 --resume "$SAVED"
+# Without --optimizer the file's (adam) decides which flags mean something.
+for flag in "momentum 0" "nesterov" "weight-decay 0"; do
+    # shellcheck disable=SC2086
+    expect_error 2 "--resume an adam checkpoint with --$flag" train --data "$DATA" --resume "$SAVED" \
+        --epochs 1 --${flag}
+    grep -q -- "--${flag%% *} applies to --optimizer .* only, and the checkpoint .* is adam" "$T/err" ||
+        bad "the error does not say why" "$(cat "$T/err")"
+done
 expect_error 2 "--checkpoint-every without --checkpoint-dir" "${TRAIN[@]}" --checkpoint-every 3
 expect_error 2 "--keep without --checkpoint-dir" "${TRAIN[@]}" --keep 2
 expect_error 2 "--checkpoint-every 0" "${TRAIN[@]}" --checkpoint-dir "$T/ck-new" --checkpoint-every 0

@@ -489,3 +489,49 @@ Test(model_api, device_lists_refuse_empty_entries_and_ignore_case)
         castor_strategy_free(s);
     }
 }
+
+Test(model_api, settings_the_optimizer_would_drop_are_refused)
+{
+    /* Keras applies weight_decay to SGD and Adam too, and an Adam with
+     * momentum 0.9 reads as a request: castor's SGD and Adam have neither,
+     * and compile took them and trained without them. */
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu", NULL), CASTOR_OK);
+    struct {
+        castor_optimizer_kind kind;
+        float momentum, weight_decay;
+        int nesterov;
+        const char *says;
+    } bad[] = {{CASTOR_OPT_SGD, 0.9f, 0.01f, 0, "weight_decay applies to adamw only"},
+               {CASTOR_OPT_ADAM, 0.0f, 0.01f, 0, "weight_decay applies to adamw only"},
+               {CASTOR_OPT_ADAM, 0.9f, 0.0f, 0, "momentum applies to sgd only"},
+               {CASTOR_OPT_ADAMW, 0.0f, 0.004f, 1, "nesterov applies to sgd only"},
+               {CASTOR_OPT_ADAM, NAN, 0.0f, 0, "momentum applies to sgd only"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        castor_optimizer opt = castor_optimizer_defaults(bad[i].kind);
+        opt.momentum = bad[i].momentum;
+        opt.weight_decay = bad[i].weight_decay;
+        opt.nesterov = bad[i].nesterov;
+        castor_model *m = NULL;
+        cr_assert_eq(castor_model_create(&m, F), CASTOR_OK);
+        cr_assert_eq(castor_model_add_layers(m, "3"), CASTOR_OK);
+        cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, &opt, 1),
+                     CASTOR_INVALID, "case %zu", i);
+        cr_assert(strstr(castor_model_errmsg(m), bad[i].says), "case %zu: %s", i,
+                  castor_model_errmsg(m));
+        castor_model_free(m);
+    }
+    /* The kinds' own settings, and the other kinds' at zero, compile. */
+    for (int k = CASTOR_OPT_SGD; k <= CASTOR_OPT_ADAMW; k++) {
+        castor_optimizer opt = castor_optimizer_defaults((castor_optimizer_kind)k);
+        if (k == CASTOR_OPT_SGD)
+            opt.momentum = 0.9f, opt.nesterov = 1;
+        castor_model *m = NULL;
+        cr_assert_eq(castor_model_create(&m, F), CASTOR_OK);
+        cr_assert_eq(castor_model_add_layers(m, "3"), CASTOR_OK);
+        cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, &opt, 1), CASTOR_OK,
+                     "%s", castor_model_errmsg(m));
+        castor_model_free(m);
+    }
+    castor_strategy_free(s);
+}

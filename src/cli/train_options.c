@@ -67,7 +67,8 @@ static const cli_flag train_flags[F_COUNT + 1] = {
     [F_MOMENTUM] = {"momentum", "X", "0", "SGD momentum, 0 <= X < 1 (sgd only)"},
     [F_NESTEROV] = {"nesterov", NULL, NULL, "Nesterov momentum (sgd only)"},
     [F_WEIGHT_DECAY] = {"weight-decay", "X", "0.004",
-                        "decoupled weight decay, 0 <= X <= 1 (adamw only)"},
+                        "decoupled weight decay, 0 <= X <= 1 (adamw only): each step\n"
+                        "first takes lr * X * w from every weight and bias w"},
     [F_EPOCHS] = {"epochs", "N", "10", "passes over the training data, 1 to 1000000"},
     [F_BATCH] = {"batch", "N", "256",
                  "the global batch size, split over the replicas: at least the\n"
