@@ -197,7 +197,8 @@ const char *castor_strategy_errmsg(const castor_strategy *s)
 
 int castor_strategy_replicas(const castor_strategy *s)
 {
-    return s ? s->n_replicas : 0;
+    /* A failed create may have opened some devices: it has no replicas. */
+    return s && s->ready ? s->n_replicas : 0;
 }
 
 castor_strategy_kind castor_strategy_get_kind(const castor_strategy *s)

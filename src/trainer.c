@@ -196,6 +196,9 @@ int castor_model_predict(castor_model *m, const float *x, size_t n, int batch, f
 int castor_model_fit(castor_model *m, const castor_dataset *train,
                      const castor_fit_options *options, castor_metrics *last_epoch)
 {
+    /* What a fit that ends no epoch gives, a refused one included. */
+    if (last_epoch)
+        *last_epoch = (castor_metrics){NAN, NAN, 0};
     if (!m)
         return CASTOR_MISUSE;
     castor_fit_options defaults = CASTOR_FIT_OPTIONS_INIT;

@@ -171,11 +171,14 @@ Test(model_api, a_failed_strategy_cannot_be_compiled_on)
         const char *devices;
     } bad[] = {{CASTOR_STRATEGY_CENTRAL, "gpu0"},
                {(castor_strategy_kind)7, "cpu"},
-               {CASTOR_STRATEGY_MIRRORED, ""}};
+               {CASTOR_STRATEGY_MIRRORED, ""},
+               {CASTOR_STRATEGY_CENTRAL, "cpu:64,cpu"}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         castor_strategy *s = NULL;
         cr_assert_neq(castor_strategy_create(&s, bad[i].kind, bad[i].devices, NULL), CASTOR_OK);
         cr_assert(s, "the failed create hands out its handle");
+        /* It may have opened devices before it failed: it has no replicas. */
+        cr_assert_eq(castor_strategy_replicas(s), 0, "'%s'", bad[i].devices);
         castor_model *m = NULL;
         cr_assert_eq(castor_model_create(&m, F), CASTOR_OK);
         cr_assert_eq(castor_model_add_layers(m, "3"), CASTOR_OK);
@@ -533,5 +536,27 @@ Test(model_api, settings_the_optimizer_would_drop_are_refused)
                      "%s", castor_model_errmsg(m));
         castor_model_free(m);
     }
+    castor_strategy_free(s);
+}
+
+Test(model_api, a_refused_fit_still_says_no_epoch_ended)
+{
+    /* last_epoch is {NaN, NaN, 0} when no epoch ended: it kept the caller's
+     * values when fit refused its arguments. */
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu", NULL), CASTOR_OK);
+    castor_model *m = compiled(s, "3");
+    castor_dataset *ds = small_dataset();
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.epochs = 0;
+    castor_metrics last = {12345.0, 678.0, 999};
+    cr_assert_eq(castor_model_fit(m, ds, &fo, &last), CASTOR_INVALID);
+    cr_assert(isnan(last.loss) && isnan(last.accuracy) && last.samples == 0,
+              "{%g, %g, %zu}", last.loss, last.accuracy, last.samples);
+    last = (castor_metrics){1.0, 1.0, 1};
+    cr_assert_eq(castor_model_fit(NULL, ds, &fo, &last), CASTOR_MISUSE);
+    cr_assert(isnan(last.loss) && last.samples == 0);
+    castor_dataset_free(ds);
+    castor_model_free(m);
     castor_strategy_free(s);
 }
