@@ -138,6 +138,7 @@ CRITERION_FLAGS ?= --jobs=$(shell nproc 2>/dev/null || echo 2)
 check: deps-check $(BUILD)/castor-tests $(BUILD)/castor $(BUILD)/readme-example
 	# Criterion runs tests side by side; one OpenBLAS thread each keeps them off each other.
 	OPENBLAS_NUM_THREADS=1 $(BUILD)/castor-tests $(CRITERION_FLAGS)
+	bash tests/symbols.sh $(BUILD)/libcastor.a
 	bash tests/cli_test.sh $(BUILD)/castor
 	bash tests/bench_smoke.sh $(BUILD)/castor
 

@@ -143,14 +143,14 @@ typedef struct devset {
 static void devset_close(devset *ds)
 {
     for (int i = 0; i < ds->n; i++)
-        cdev_destroy(ds->dev[i]);
+        castor__cdev_destroy(ds->dev[i]);
     ds->n = 0;
 }
 
 static int devset_add(devset *ds, cdev *dev)
 {
     if (ds->n >= CASTOR__MAX_REPLICAS) {
-        cdev_destroy(dev);
+        castor__cdev_destroy(dev);
         return -1;
     }
     ds->dev[ds->n++] = dev;
@@ -173,7 +173,7 @@ static int devset_open(devset *ds, const bench_config *c, char *err, size_t errl
             size_t budget = c->device_memory > CPU_LIMIT_BUDGET ? c->device_memory
                                                                  : CPU_LIMIT_BUDGET;
             for (int j = 0; j < e->replicas; j++) {
-                if (cdev_cpu_create(ds->n, budget, &dev, err, errlen))
+                if (castor__cdev_cpu_create(ds->n, budget, &dev, err, errlen))
                     return -1;
                 if (devset_add(ds, dev))
                     goto too_many;
@@ -181,7 +181,7 @@ static int devset_open(devset *ds, const bench_config *c, char *err, size_t errl
             continue;
         }
         const char *why = NULL;
-        int count = cdev_cuda_count(&why);
+        int count = castor__cdev_cuda_count(&why);
         if (count <= 0) {
             snprintf(err, errlen, "no CUDA GPU can be used: %s", why ? why : "none found");
             return -1;
@@ -190,7 +190,7 @@ static int devset_open(devset *ds, const bench_config *c, char *err, size_t errl
         int last = e->ordinal < 0 ? count - 1 : e->ordinal;
         for (int g = first; g <= last; g++)
             for (int j = 0; j < e->replicas; j++) {
-                if (cdev_cuda_create(g, j, c->device_memory, c->tf32, &dev, err, errlen))
+                if (castor__cdev_cuda_create(g, j, c->device_memory, c->tf32, &dev, err, errlen))
                     return -1;
                 if (devset_add(ds, dev))
                     goto too_many;
@@ -311,18 +311,18 @@ static void free_bufs(devset *ds, dev_bufs *bufs)
         castor__host_free(&b->h_src);
         castor__host_free(&b->h_dst);
         if (b->d_a)
-            cdev_free(ds->dev[i], b->d_a, b->a_bytes);
+            castor__cdev_free(ds->dev[i], b->d_a, b->a_bytes);
         if (b->d_b)
-            cdev_free(ds->dev[i], b->d_b, b->b_bytes);
+            castor__cdev_free(ds->dev[i], b->d_b, b->b_bytes);
         if (b->d_c)
-            cdev_free(ds->dev[i], b->d_c, b->c_bytes);
+            castor__cdev_free(ds->dev[i], b->d_c, b->c_bytes);
         memset(b, 0, sizeof *b);
     }
 }
 
 static int alloc_dev(cdev *dev, size_t bytes, void **p, size_t *held)
 {
-    if (cdev_alloc(dev, bytes, p))
+    if (castor__cdev_alloc(dev, bytes, p))
         return -1;
     *held = bytes;
     return dev->iface->memset0(dev, CDEV_STREAM_COMPUTE, *p, bytes) ? -1 : 0;

@@ -3,13 +3,13 @@
 
 #include <stdio.h>
 
-int cdev_cuda_compiled(void)
+int castor__cdev_cuda_compiled(void)
 {
     return 0;
 }
 
-int cdev_cuda_create(int ordinal, int logical, size_t budget, int tf32, cdev **out, char *err,
-                     size_t errlen)
+int castor__cdev_cuda_create(int ordinal, int logical, size_t budget, int tf32, cdev **out,
+                             char *err, size_t errlen)
 {
     (void)ordinal, (void)logical, (void)budget, (void)tf32;
     if (out)
@@ -20,14 +20,14 @@ int cdev_cuda_create(int ordinal, int logical, size_t budget, int tf32, cdev **o
     return CASTOR_UNSUPPORTED;
 }
 
-int cdev_cuda_count(const char **why)
+int castor__cdev_cuda_count(const char **why)
 {
     if (why)
         *why = "built without CUDA";
     return 0;
 }
 
-int cdev_cuda_info(int ordinal, castor_device_info *info)
+int castor__cdev_cuda_info(int ordinal, castor_device_info *info)
 {
     (void)ordinal, (void)info;
     return CASTOR_UNSUPPORTED;

@@ -4,7 +4,7 @@
 
 #include <stdio.h>
 
-int cdev_fail(cdev *dev, int code, const char *fmt, ...)
+int castor__cdev_fail(cdev *dev, int code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -13,25 +13,27 @@ int cdev_fail(cdev *dev, int code, const char *fmt, ...)
     return code;
 }
 
-int cdev_bad_args(cdev *dev, const char *op)
+int castor__cdev_bad_args(cdev *dev, const char *op)
 {
-    return cdev_fail(dev, CASTOR_MISUSE, "%s: %s called with a NULL buffer or negative size",
-                     dev->name, op);
+    return castor__cdev_fail(dev, CASTOR_MISUSE,
+                             "%s: %s called with a NULL buffer or negative size", dev->name, op);
 }
 
 /* A GPU backend would hand an unknown stream to the driver and fail there;
  * refusing it first keeps code tested only on CPU devices honest. */
-int cdev_bad_stream(cdev *dev, const char *op, int stream)
+int castor__cdev_bad_stream(cdev *dev, const char *op, int stream)
 {
-    return cdev_fail(dev, CASTOR_MISUSE, "%s: %s on stream %d, which does not exist (0..%d)",
-                     dev->name, op, stream, CDEV_NUM_STREAMS - 1);
+    return castor__cdev_fail(dev, CASTOR_MISUSE,
+                             "%s: %s on stream %d, which does not exist (0..%d)", dev->name, op,
+                             stream, CDEV_NUM_STREAMS - 1);
 }
 
-int cdev_check_gemm(cdev *dev, int trans_a, int trans_b, int m, int n, int k, const float *a,
-                    int lda, const float *b, int ldb, const float *c, int ldc)
+int castor__cdev_check_gemm(cdev *dev, int trans_a, int trans_b, int m, int n, int k,
+                            const float *a, int lda, const float *b, int ldb, const float *c,
+                            int ldc)
 {
     if (!a || !b || !c || m < 0 || n < 0 || k < 0)
-        return cdev_bad_args(dev, "gemm");
+        return castor__cdev_bad_args(dev, "gemm");
     /* OpenBLAS answers a short leading dimension by printing to stdout
      * (xerbla) and cuBLAS with an error of its own: refuse it first. A
      * row-major row stride is the column-major leading dimension of the
@@ -39,30 +41,32 @@ int cdev_check_gemm(cdev *dev, int trans_a, int trans_b, int m, int n, int k, co
     int a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
     if (lda < (a_cols > 1 ? a_cols : 1) || ldb < (b_cols > 1 ? b_cols : 1) ||
         ldc < (n > 1 ? n : 1))
-        return cdev_fail(dev, CASTOR_MISUSE,
-                         "%s: gemm %c%c m %d n %d k %d with lda %d ldb %d ldc %d: a leading "
-                         "dimension is shorter than its row",
-                         dev->name, trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, lda, ldb,
-                         ldc);
+        return castor__cdev_fail(
+            dev, CASTOR_MISUSE,
+            "%s: gemm %c%c m %d n %d k %d with lda %d ldb %d ldc %d: a leading "
+            "dimension is shorter than its row",
+            dev->name, trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, lda, ldb, ldc);
     return CASTOR_OK;
 }
 
-int cdev_alloc(cdev *dev, size_t bytes, void **d_out)
+int castor__cdev_alloc(cdev *dev, size_t bytes, void **d_out)
 {
     if (!dev)
         return CASTOR_MISUSE;
     if (!d_out)
-        return cdev_fail(dev, CASTOR_MISUSE, "%s: cdev_alloc without a place for the pointer",
-                         dev->name);
+        return castor__cdev_fail(dev, CASTOR_MISUSE,
+                                 "%s: castor__cdev_alloc without a place for the pointer",
+                                 dev->name);
     *d_out = NULL;
     /* Checked before asking the backend, so the emulated device refuses
      * exactly where a GPU of that size would; written as a subtraction so
      * that a huge request cannot wrap the sum round. */
     if (bytes > dev->budget || dev->used > dev->budget - bytes)
-        return cdev_fail(dev, CASTOR_DEVICE_MEMORY,
-                         "%s: out of device memory: need %zu more bytes, %zu held, budget %zu "
-                         "bytes",
-                         dev->name, bytes, dev->used, dev->budget);
+        return castor__cdev_fail(
+            dev, CASTOR_DEVICE_MEMORY,
+            "%s: out of device memory: need %zu more bytes, %zu held, budget %zu "
+            "bytes",
+            dev->name, bytes, dev->used, dev->budget);
     int rc = dev->iface->alloc(dev, bytes, d_out);
     if (rc) {
         *d_out = NULL;
@@ -74,7 +78,7 @@ int cdev_alloc(cdev *dev, size_t bytes, void **d_out)
     return CASTOR_OK;
 }
 
-void cdev_free(cdev *dev, void *d_ptr, size_t bytes)
+void castor__cdev_free(cdev *dev, void *d_ptr, size_t bytes)
 {
     if (!dev || !d_ptr)
         return;
@@ -84,7 +88,7 @@ void cdev_free(cdev *dev, void *d_ptr, size_t bytes)
     dev->used -= bytes <= dev->used ? bytes : dev->used;
 }
 
-void cdev_destroy(cdev *dev)
+void castor__cdev_destroy(cdev *dev)
 {
     if (dev)
         dev->iface->destroy(dev);
@@ -92,12 +96,12 @@ void cdev_destroy(cdev *dev)
 
 CASTOR_API int castor_cuda_device_count(const char **why)
 {
-    return cdev_cuda_count(why);
+    return castor__cdev_cuda_count(why);
 }
 
 CASTOR_API int castor_cuda_device_info(int ordinal, castor_device_info *info)
 {
     if (!info)
         return CASTOR_MISUSE;
-    return cdev_cuda_info(ordinal, info);
+    return castor__cdev_cuda_info(ordinal, info);
 }

@@ -6,7 +6,7 @@
  * share one physical GPU, each with its own cdev, streams and handles.
  *
  * Every call returns a castor_status. On failure the backend writes a one-line
- * message into dev->errmsg (call, file:line, device) with cdev_fail().
+ * message into dev->errmsg (call, file:line, device) with castor__cdev_fail().
  * Nothing here prints or exits.
  *
  * Pointers named d_* are device memory and may only be handed back to the
@@ -46,7 +46,7 @@ typedef struct cdev_iface {
 
     void (*destroy)(cdev *dev);  /* frees ctx and dev itself; buffers already released */
 
-    /* Raw allocation; the budget is enforced by cdev_alloc() around it. */
+    /* Raw allocation; the budget is enforced by castor__cdev_alloc() around it. */
     int (*alloc)(cdev *dev, size_t bytes, void **d_out);
     void (*release)(cdev *dev, void *d_ptr);
 
@@ -135,46 +135,47 @@ static inline int cdev_copy_d2h(cdev *dev, int stream, void *h_dst, const void *
 }
 
 /* Record a failure on the device: formats into dev->errmsg and returns code. */
-int cdev_fail(cdev *dev, int code, const char *fmt, ...)
+int castor__cdev_fail(cdev *dev, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Argument checks every backend makes, so that a bad call gets the same
  * status and message from each (CASTOR_MISUSE, naming the device and op). */
-int cdev_bad_args(cdev *dev, const char *op);
-int cdev_bad_stream(cdev *dev, const char *op, int stream);
+int castor__cdev_bad_args(cdev *dev, const char *op);
+int castor__cdev_bad_stream(cdev *dev, const char *op, int stream);
 static inline int cdev_stream_ok(int stream)
 {
     return stream >= 0 && stream < CDEV_NUM_STREAMS;
 }
 /* gemm's pointers, sizes and leading dimensions (row strides of A, B, C as
  * stored, each at least its row and at least 1); CASTOR_OK if they hold. */
-int cdev_check_gemm(cdev *dev, int trans_a, int trans_b, int m, int n, int k, const float *a,
-                    int lda, const float *b, int ldb, const float *c, int ldc);
+int castor__cdev_check_gemm(cdev *dev, int trans_a, int trans_b, int m, int n, int k,
+                            const float *a, int lda, const float *b, int ldb, const float *c,
+                            int ldc);
 
 /* Budget-checked allocation: fails with CASTOR_DEVICE_MEMORY naming the bytes
- * asked, held and the budget. cdev_free takes the size it was allocated with. */
-int cdev_alloc(cdev *dev, size_t bytes, void **d_out);
-void cdev_free(cdev *dev, void *d_ptr, size_t bytes);
-void cdev_destroy(cdev *dev);
+ * asked, held and the budget. castor__cdev_free takes the size it was allocated with. */
+int castor__cdev_alloc(cdev *dev, size_t bytes, void **d_out);
+void castor__cdev_free(cdev *dev, void *d_ptr, size_t bytes);
+void castor__cdev_destroy(cdev *dev);
 
 /* ---- backends ---- */
 
 /* An emulated device on the host, doing GEMM with OpenBLAS. */
-int cdev_cpu_create(int ordinal, size_t budget, cdev **out, char *err, size_t errlen);
+int castor__cdev_cpu_create(int ordinal, size_t budget, cdev **out, char *err, size_t errlen);
 /* Threads OpenBLAS will use for one GEMM (process-wide, read only). */
-int cdev_cpu_blas_threads(void);
+int castor__cdev_cpu_blas_threads(void);
 
 /* Whether the CUDA backend is compiled in. */
-int cdev_cuda_compiled(void);
+int castor__cdev_cuda_compiled(void);
 /*
  * A replica on CUDA GPU `ordinal` (logical replica `logical` of those that
  * share it). budget 0 means the GPU's free memory. Fails with
  * CASTOR_UNSUPPORTED in a build without CUDA or with no GPU present.
  */
-int cdev_cuda_create(int ordinal, int logical, size_t budget, int tf32, cdev **out, char *err,
-                     size_t errlen);
+int castor__cdev_cuda_create(int ordinal, int logical, size_t budget, int tf32, cdev **out,
+                             char *err, size_t errlen);
 /* Devices present; 0 and a reason when none (no build, no driver, no GPU). */
-int cdev_cuda_count(const char **why);
-int cdev_cuda_info(int ordinal, castor_device_info *info);
+int castor__cdev_cuda_count(const char **why);
+int castor__cdev_cuda_info(int ordinal, castor_device_info *info);
 
 #endif /* CASTOR_DEVICE_H */

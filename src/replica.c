@@ -93,11 +93,11 @@ static int too_big(cdev *dev, const castor_model *m, int rows, int mirrored)
     if (rows > 0)
         snprintf(acts, sizeof acts, ", activations for %d rows %zu", rows,
                  need - param_arena_bytes(m, mirrored));
-    return cdev_fail(dev, CASTOR_DEVICE_MEMORY,
-                     "the model needs %zu bytes of device memory per replica on %s "
-                     "(variables %zu, gradients %zu%s%s), but the device's budget is %zu bytes",
-                     need, dev->name, params, params, mirrored ? ", optimizer state" : "", acts,
-                     dev->budget);
+    return castor__cdev_fail(
+        dev, CASTOR_DEVICE_MEMORY,
+        "the model needs %zu bytes of device memory per replica on %s "
+        "(variables %zu, gradients %zu%s%s), but the device's budget is %zu bytes",
+        need, dev->name, params, params, mirrored ? ", optimizer state" : "", acts, dev->budget);
 }
 
 int castor__replica_check_room(const castor_model *m, cdev *dev, int mirrored)
@@ -121,7 +121,7 @@ int castor__replica_init(castor__replica *r, const castor_model *m, cdev *dev, i
     if (rc)
         return rc;
     void *arena = NULL;
-    if ((rc = cdev_alloc(dev, r->param_bytes, &arena)))
+    if ((rc = castor__cdev_alloc(dev, r->param_bytes, &arena)))
         return rc;
     size_t n = align_up(m->n_params * sizeof(float));
     r->d_params = arena;
@@ -136,7 +136,7 @@ int castor__replica_init(castor__replica *r, const castor_model *m, cdev *dev, i
     r->layer_ready = calloc((size_t)m->n_layers, sizeof *r->layer_ready);
     r->grad_ready = calloc((size_t)m->n_layers, sizeof *r->grad_ready);
     if (!r->layer_ready || !r->grad_ready)
-        return cdev_fail(dev, CASTOR_NOMEM, "out of host memory for events");
+        return castor__cdev_fail(dev, CASTOR_NOMEM, "out of host memory for events");
     for (int l = 0; l < m->n_layers; l++) {
         if ((rc = dev->iface->event_create(dev, &r->layer_ready[l])) ||
             (rc = dev->iface->event_create(dev, &r->grad_ready[l])))
@@ -145,8 +145,8 @@ int castor__replica_init(castor__replica *r, const castor_model *m, cdev *dev, i
     if ((rc = dev->iface->event_create(dev, &r->input_ready)))
         return rc;
     if (castor__host_alloc(&r->h_grads, m->n_params * sizeof(float), use_cuda))
-        return cdev_fail(dev, CASTOR_NOMEM, "out of host memory for replica %d's gradients",
-                         index);
+        return castor__cdev_fail(dev, CASTOR_NOMEM, "out of host memory for replica %d's gradients",
+                                 index);
     return CASTOR_OK;
 }
 
@@ -165,7 +165,7 @@ int castor__replica_reserve(castor__replica *r, const castor_model *m, int rows)
         return too_big(dev, m, rows, r->mirrored);
 
     if (r->d_act_arena) {
-        cdev_free(dev, r->d_act_arena, r->act_bytes);
+        castor__cdev_free(dev, r->d_act_arena, r->act_bytes);
         r->d_act_arena = NULL;
         r->d_x = r->d_acts = r->d_delta[0] = r->d_delta[1] = NULL;
         r->d_targets = r->d_row_stats = NULL;
@@ -176,7 +176,7 @@ int castor__replica_reserve(castor__replica *r, const castor_model *m, int rows)
     castor__host_free(&r->h_row_stats);
 
     void *arena = NULL;
-    int rc = cdev_alloc(dev, total, &arena);
+    int rc = castor__cdev_alloc(dev, total, &arena);
     if (rc)
         return rc;
     r->d_act_arena = arena;
@@ -192,7 +192,7 @@ int castor__replica_reserve(castor__replica *r, const castor_model *m, int rows)
         p += parts[i];
     }
     if (castor__host_alloc(&r->h_row_stats, 2 * (size_t)rows * sizeof(float), r->use_cuda))
-        return cdev_fail(dev, CASTOR_NOMEM, "out of host memory for row statistics");
+        return castor__cdev_fail(dev, CASTOR_NOMEM, "out of host memory for row statistics");
     r->cap = rows;
     return CASTOR_OK;
 }
@@ -215,9 +215,9 @@ void castor__replica_free(castor__replica *r, const castor_model *m)
     free(r->layer_ready);
     free(r->grad_ready);
     if (r->d_act_arena)
-        cdev_free(dev, r->d_act_arena, r->act_bytes);
+        castor__cdev_free(dev, r->d_act_arena, r->act_bytes);
     if (r->d_params)
-        cdev_free(dev, r->d_params, r->param_bytes);
+        castor__cdev_free(dev, r->d_params, r->param_bytes);
     castor__host_free(&r->h_grads);
     castor__host_free(&r->h_row_stats);
     memset(r, 0, sizeof *r);

@@ -35,7 +35,7 @@ typedef struct castor__replica {
     /* The one allocation the per-row buffers above are carved from, kept on
      * its own: d_x is NULL where the model has no input features. */
     void *d_act_arena;
-    size_t param_bytes, state_bytes, act_bytes;  /* for cdev_free */
+    size_t param_bytes, state_bytes, act_bytes; /* for castor__cdev_free */
     int cap;
 
     cdev_event **layer_ready;  /* per layer: its weights are on the device */

@@ -43,7 +43,7 @@ static int strategy_fail(castor_strategy *s, int code, const char *fmt, ...)
 static int add_device(castor_strategy *s, cdev *dev)
 {
     if (s->n_replicas >= CASTOR__MAX_REPLICAS) {
-        cdev_destroy(dev);
+        castor__cdev_destroy(dev);
         return strategy_fail(s, CASTOR_INVALID, "too many replicas: at most %d", CASTOR__MAX_REPLICAS);
     }
     s->devs[s->n_replicas++] = dev;
@@ -60,7 +60,7 @@ static int open_entry(castor_strategy *s, const castor__device_entry *e)
                                                       : DEFAULT_CPU_BUDGET;
         for (int i = 0; i < e->replicas; i++) {
             int ordinal = s->n_replicas;
-            if ((rc = cdev_cpu_create(ordinal, budget, &dev, err, sizeof err)))
+            if ((rc = castor__cdev_cpu_create(ordinal, budget, &dev, err, sizeof err)))
                 return strategy_fail(s, rc, "%s", err);
             if ((rc = add_device(s, dev)))
                 return rc;
@@ -68,7 +68,7 @@ static int open_entry(castor_strategy *s, const castor__device_entry *e)
         return CASTOR_OK;
     }
     const char *why = NULL;
-    int count = cdev_cuda_count(&why);
+    int count = castor__cdev_cuda_count(&why);
     if (count <= 0)
         return strategy_fail(s, CASTOR_UNSUPPORTED, "no CUDA GPU can be used: %s",
                              why ? why : "none found");
@@ -80,8 +80,8 @@ static int open_entry(castor_strategy *s, const castor__device_entry *e)
     for (int g = first; g <= last; g++) {
         int first_replica = s->n_replicas;
         for (int k = 0; k < e->replicas; k++) {
-            if ((rc = cdev_cuda_create(g, k, s->opts.device_memory_budget, s->opts.tf32, &dev,
-                                       err, sizeof err)))
+            if ((rc = castor__cdev_cuda_create(g, k, s->opts.device_memory_budget, s->opts.tf32,
+                                               &dev, err, sizeof err)))
                 return strategy_fail(s, rc, "%s", err);
             if ((rc = add_device(s, dev)))
                 return rc;
@@ -123,7 +123,7 @@ static void warn_blas_oversubscription(const castor_strategy *s)
     int cpu_replicas = 0;
     for (int i = 0; i < s->n_replicas; i++)
         cpu_replicas += strcmp(s->devs[i]->iface->backend, "cpu") == 0;
-    int threads = cpu_replicas ? cdev_cpu_blas_threads() : 0;
+    int threads = cpu_replicas ? castor__cdev_cpu_blas_threads() : 0;
     int cores = castor__cpu_count();
     if (cpu_replicas > 1 && threads > 1 && threads * cpu_replicas > cores)
         castor__log(s, CASTOR_LOG_WARN,
@@ -182,7 +182,7 @@ void castor_strategy_free(castor_strategy *s)
     castor__pool_free(s->host_pool);
     if (s->devs)
         for (int i = 0; i < s->n_replicas; i++)
-            cdev_destroy(s->devs[i]);
+            castor__cdev_destroy(s->devs[i]);
     free(s->devs);
     free(s->devices_spec);
     free(s);

@@ -11,13 +11,14 @@ castor__rng cpu_rng;
 void cpu_dev_setup(void)
 {
     char err[256];
-    cr_assert_eq(cdev_cpu_create(0, BUDGET, &cpu_dev, err, sizeof err), CASTOR_OK, "%s", err);
+    cr_assert_eq(castor__cdev_cpu_create(0, BUDGET, &cpu_dev, err, sizeof err), CASTOR_OK, "%s",
+                 err);
     castor__rng_seed(&cpu_rng, 1234, 7, 0);
 }
 
 void cpu_dev_teardown(void)
 {
-    cdev_destroy(cpu_dev);
+    castor__cdev_destroy(cpu_dev);
 }
 
 float *cpu_randu(size_t n, float scale)
@@ -32,7 +33,7 @@ float *cpu_randu(size_t n, float scale)
 void *cpu_dalloc(size_t bytes)
 {
     void *d = NULL;
-    cr_assert_eq(cdev_alloc(cpu_dev, bytes, &d), CASTOR_OK, "%s", cpu_dev->errmsg);
+    cr_assert_eq(castor__cdev_alloc(cpu_dev, bytes, &d), CASTOR_OK, "%s", cpu_dev->errmsg);
     return d;
 }
 
@@ -55,7 +56,7 @@ float *cpu_down(const float *d, size_t n)
 
 void cpu_release(void *d, size_t n_floats)
 {
-    cdev_free(cpu_dev, d, n_floats * sizeof(float));
+    castor__cdev_free(cpu_dev, d, n_floats * sizeof(float));
 }
 
 void cpu_expect_close(const float *got, const double *want, size_t n, double tol,

@@ -406,7 +406,7 @@ Test(cpu_device, softmax_xent)
 
     cpu_release(dl, n), cpu_release(dgrad, n), cpu_release(dstats, 2 * ROWS),
         cpu_release(dstats2, 2 * ROWS);
-    cdev_free(cpu_dev, dlab, sizeof labels);
+    castor__cdev_free(cpu_dev, dlab, sizeof labels);
     free(grad), free(stats), free(stats2), free(logits);
     cr_assert_eq(cpu_dev->used, 0);
 }

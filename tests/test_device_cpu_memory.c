@@ -84,12 +84,12 @@ Test(cpu_device, budget_used_and_peak)
 {
     void *a = NULL, *b = NULL, *c = NULL;
     cr_assert_eq(cpu_dev->used, 0);
-    cr_assert_eq(cdev_alloc(cpu_dev, 40 << 20, &a), CASTOR_OK);
+    cr_assert_eq(castor__cdev_alloc(cpu_dev, 40 << 20, &a), CASTOR_OK);
     cr_assert_eq(cpu_dev->used, (size_t)40 << 20);
     cr_assert_eq(cpu_dev->peak, (size_t)40 << 20);
 
     b = (void *)1;
-    int rc = cdev_alloc(cpu_dev, 30 << 20, &b);
+    int rc = castor__cdev_alloc(cpu_dev, 30 << 20, &b);
     cr_assert_eq(rc, CASTOR_DEVICE_MEMORY);
     cr_assert_null(b, "a failed allocation hands out NULL");
     /* The message names the device, what was asked, what is held and the
@@ -101,29 +101,29 @@ Test(cpu_device, budget_used_and_peak)
     cr_assert_eq(cpu_dev->used, (size_t)40 << 20, "a refused allocation holds nothing");
 
     /* Exactly up to the budget is allowed; one byte more is not. */
-    cr_assert_eq(cdev_alloc(cpu_dev, 24 << 20, &b), CASTOR_OK, "%s", cpu_dev->errmsg);
+    cr_assert_eq(castor__cdev_alloc(cpu_dev, 24 << 20, &b), CASTOR_OK, "%s", cpu_dev->errmsg);
     cr_assert_eq(cpu_dev->used, BUDGET);
-    cr_assert_eq(cdev_alloc(cpu_dev, 1, &c), CASTOR_DEVICE_MEMORY);
+    cr_assert_eq(castor__cdev_alloc(cpu_dev, 1, &c), CASTOR_DEVICE_MEMORY);
     cr_assert_eq(cpu_dev->peak, BUDGET);
 
-    cdev_free(cpu_dev, a, 40 << 20);
+    castor__cdev_free(cpu_dev, a, 40 << 20);
     cr_assert_eq(cpu_dev->used, (size_t)24 << 20);
     cr_assert_eq(cpu_dev->peak, BUDGET, "peak is the most ever held");
     /* A request so large that used + bytes would wrap is still refused. */
-    cr_assert_eq(cdev_alloc(cpu_dev, SIZE_MAX, &c), CASTOR_DEVICE_MEMORY);
+    cr_assert_eq(castor__cdev_alloc(cpu_dev, SIZE_MAX, &c), CASTOR_DEVICE_MEMORY);
     cr_assert_null(c);
-    cdev_free(cpu_dev, b, 24 << 20);
+    castor__cdev_free(cpu_dev, b, 24 << 20);
     cr_assert_eq(cpu_dev->used, 0);
 
     /* Zero bytes is a valid allocation, and freeing NULL is a no-op. */
-    cr_assert_eq(cdev_alloc(cpu_dev, 0, &c), CASTOR_OK);
+    cr_assert_eq(castor__cdev_alloc(cpu_dev, 0, &c), CASTOR_OK);
     cr_assert_not_null(c);
-    cdev_free(cpu_dev, c, 0);
-    cdev_free(cpu_dev, NULL, 100);
-    cdev_free(NULL, NULL, 0);
-    cdev_destroy(NULL);
+    castor__cdev_free(cpu_dev, c, 0);
+    castor__cdev_free(cpu_dev, NULL, 100);
+    castor__cdev_free(NULL, NULL, 0);
+    castor__cdev_destroy(NULL);
     cr_assert_eq(cpu_dev->used, 0);
-    cr_assert_eq(cdev_alloc(cpu_dev, 16, NULL), CASTOR_MISUSE);
+    cr_assert_eq(castor__cdev_alloc(cpu_dev, 16, NULL), CASTOR_MISUSE);
 }
 
 Test(cpu_device, null_and_negative_arguments_are_misuse)
@@ -145,26 +145,26 @@ Test(cpu_device, null_and_negative_arguments_are_misuse)
 
     char err[128] = "";
     cdev *other = (cdev *)1;
-    cr_assert_eq(cdev_cpu_create(-1, BUDGET, &other, err, sizeof err), CASTOR_INVALID);
+    cr_assert_eq(castor__cdev_cpu_create(-1, BUDGET, &other, err, sizeof err), CASTOR_INVALID);
     cr_assert_null(other);
     cr_assert(err[0]);
-    cr_assert_eq(cdev_cpu_create(0, BUDGET, NULL, err, sizeof err), CASTOR_MISUSE);
+    cr_assert_eq(castor__cdev_cpu_create(0, BUDGET, NULL, err, sizeof err), CASTOR_MISUSE);
 }
 
 Test(cpu_device, name_and_backend)
 {
     cdev *other = NULL;
     char err[128];
-    cr_assert_eq(cdev_cpu_create(3, 1024, &other, err, sizeof err), CASTOR_OK);
+    cr_assert_eq(castor__cdev_cpu_create(3, 1024, &other, err, sizeof err), CASTOR_OK);
     cr_assert_str_eq(other->name, "cpu:3");
     cr_assert_str_eq(other->iface->backend, "cpu");
     cr_assert_eq(other->ordinal, 3);
     cr_assert_eq(other->budget, 1024);
     void *p = NULL;
-    cr_assert_eq(cdev_alloc(other, 2000, &p), CASTOR_DEVICE_MEMORY);
+    cr_assert_eq(castor__cdev_alloc(other, 2000, &p), CASTOR_DEVICE_MEMORY);
     cr_assert(strstr(other->errmsg, "cpu:3:") == other->errmsg, "%s", other->errmsg);
     cr_assert_str_eq(cpu_dev->errmsg, "", "an error on one device leaves the others alone");
-    cdev_destroy(other);
+    castor__cdev_destroy(other);
 }
 
 /* ---- replicas: one device per thread, all calling OpenBLAS at once ---- */
@@ -182,9 +182,9 @@ static void *gemm_thread(void *arg)
     cdev *d = j->dev;
     size_t na = (size_t)j->m * j->k, nb = (size_t)j->k * j->n, nc = (size_t)j->m * j->n;
     void *da = NULL, *db = NULL, *dc = NULL;
-    if ((j->rc = cdev_alloc(d, na * sizeof(float), &da)) ||
-        (j->rc = cdev_alloc(d, nb * sizeof(float), &db)) ||
-        (j->rc = cdev_alloc(d, nc * sizeof(float), &dc)))
+    if ((j->rc = castor__cdev_alloc(d, na * sizeof(float), &da)) ||
+        (j->rc = castor__cdev_alloc(d, nb * sizeof(float), &db)) ||
+        (j->rc = castor__cdev_alloc(d, nc * sizeof(float), &dc)))
         goto out;
     cdev_copy_h2d(d, CDEV_STREAM_H2D, da, j->a, na * sizeof(float));
     cdev_copy_h2d(d, CDEV_STREAM_H2D, db, j->b, nb * sizeof(float));
@@ -194,9 +194,9 @@ static void *gemm_thread(void *arg)
     if (!j->rc)
         j->rc = cdev_copy_d2h(d, CDEV_STREAM_D2H, j->c, dc, nc * sizeof(float));
 out:
-    cdev_free(d, da, na * sizeof(float));
-    cdev_free(d, db, nb * sizeof(float));
-    cdev_free(d, dc, nc * sizeof(float));
+    castor__cdev_free(d, da, na * sizeof(float));
+    castor__cdev_free(d, db, nb * sizeof(float));
+    castor__cdev_free(d, dc, nc * sizeof(float));
     return NULL;
 }
 
@@ -217,7 +217,7 @@ Test(cpu_device, concurrent_replicas_agree_with_one)
     pthread_t t[2];
     char err[128];
     for (int i = 0; i < 2; i++) {
-        cr_assert_eq(cdev_cpu_create(i + 1, BUDGET, &devs[i], err, sizeof err), CASTOR_OK);
+        cr_assert_eq(castor__cdev_cpu_create(i + 1, BUDGET, &devs[i], err, sizeof err), CASTOR_OK);
         jobs[i] = (gemm_job){devs[i], a, b, malloc(sizeof(float) * m * n), m, n, k, 20, 0};
         cr_assert_eq(pthread_create(&t[i], NULL, gemm_thread, &jobs[i]), 0);
     }
@@ -228,7 +228,7 @@ Test(cpu_device, concurrent_replicas_agree_with_one)
                      "replica %d differs from a lone one", i);
         cr_assert_eq(devs[i]->used, 0);
         free(jobs[i].c);
-        cdev_destroy(devs[i]);
+        castor__cdev_destroy(devs[i]);
     }
     free(a), free(b), free(alone);
 }
@@ -237,18 +237,18 @@ Test(cpu_device, concurrent_replicas_agree_with_one)
 
 Test(cpu_device, cuda_absent_says_why)
 {
-    if (cdev_cuda_compiled())
+    if (castor__cdev_cuda_compiled())
         cr_skip_test("this build has CUDA; tests/gpu covers it");
     const char *why = NULL;
-    cr_assert_eq(cdev_cuda_count(&why), 0);
+    cr_assert_eq(castor__cdev_cuda_count(&why), 0);
     cr_assert_str_eq(why, "built without CUDA");
-    cr_assert_eq(cdev_cuda_count(NULL), 0);
+    cr_assert_eq(castor__cdev_cuda_count(NULL), 0);
     why = NULL;
     cr_assert_eq(castor_cuda_device_count(&why), 0);
     cr_assert_not_null(why);
     char err[160] = "";
     cdev *g = (cdev *)1;
-    cr_assert_eq(cdev_cuda_create(0, 0, 0, 0, &g, err, sizeof err), CASTOR_UNSUPPORTED);
+    cr_assert_eq(castor__cdev_cuda_create(0, 0, 0, 0, &g, err, sizeof err), CASTOR_UNSUPPORTED);
     cr_assert_null(g);
     cr_assert(strstr(err, "without CUDA") && strstr(err, "nvcc"), "%s", err);
     castor_device_info info;

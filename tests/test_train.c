@@ -381,7 +381,7 @@ static int refuse_alloc(cdev *dev, size_t bytes, void **out)
 {
     (void)bytes;
     *out = NULL;
-    return cdev_fail(dev, CASTOR_DEVICE, "%s: injected allocation failure", dev->name);
+    return castor__cdev_fail(dev, CASTOR_DEVICE, "%s: injected allocation failure", dev->name);
 }
 
 /* F -> 8:relu -> 3 (softmax cross-entropy), compiled central on cpu:2. */

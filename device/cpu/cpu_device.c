@@ -39,15 +39,15 @@ static int cpu_alloc(cdev *dev, size_t bytes, void **d_out)
     /* Aligned as cudaMalloc memory is (at least 64 bytes), so SIMD loads behave
      * alike; aligned_alloc wants the size rounded to the alignment. */
     if (bytes > SIZE_MAX - 63)
-        return cdev_fail(dev, CASTOR_DEVICE_MEMORY, "%s: %zu bytes cannot be allocated",
-                         dev->name, bytes);
+        return castor__cdev_fail(dev, CASTOR_DEVICE_MEMORY, "%s: %zu bytes cannot be allocated",
+                                 dev->name, bytes);
     size_t rounded = (bytes + 63) / 64 * 64;
     void *p = aligned_alloc(64, rounded ? rounded : 64);
     if (!p)
-        return cdev_fail(dev, CASTOR_NOMEM,
-                         "%s: host memory for %zu bytes of emulated device memory is not "
-                         "available",
-                         dev->name, bytes);
+        return castor__cdev_fail(dev, CASTOR_NOMEM,
+                                 "%s: host memory for %zu bytes of emulated device memory is not "
+                                 "available",
+                                 dev->name, bytes);
     *d_out = p;
     return CASTOR_OK;
 }
@@ -61,9 +61,9 @@ static void cpu_release(cdev *dev, void *d_ptr)
 static int cpu_memset0(cdev *dev, int stream, void *d_dst, size_t bytes)
 {
     if (!cdev_stream_ok(stream))
-        return cdev_bad_stream(dev, "memset0", stream);
+        return castor__cdev_bad_stream(dev, "memset0", stream);
     if (!d_dst && bytes)
-        return cdev_bad_args(dev, "memset0");
+        return castor__cdev_bad_args(dev, "memset0");
     if (bytes)
         memset(d_dst, 0, bytes);
     return CASTOR_OK;
@@ -72,9 +72,9 @@ static int cpu_memset0(cdev *dev, int stream, void *d_dst, size_t bytes)
 static int copy(cdev *dev, const char *op, int stream, void *dst, const void *src, size_t bytes)
 {
     if (!cdev_stream_ok(stream))
-        return cdev_bad_stream(dev, op, stream);
+        return castor__cdev_bad_stream(dev, op, stream);
     if ((!dst || !src) && bytes)
-        return cdev_bad_args(dev, op);
+        return castor__cdev_bad_args(dev, op);
     if (bytes)
         memcpy(dst, src, bytes);  /* overlap is a caller bug, as on CUDA; ASan reports it */
     return CASTOR_OK;
@@ -98,10 +98,11 @@ static int cpu_copy_d2d(cdev *dev, int stream, void *d_dst, const void *d_src, s
 static int cpu_event_create(cdev *dev, cdev_event **out)
 {
     if (!out)
-        return cdev_bad_args(dev, "event_create");
+        return castor__cdev_bad_args(dev, "event_create");
     *out = calloc(1, sizeof **out);
-    return *out ? CASTOR_OK
-                : cdev_fail(dev, CASTOR_NOMEM, "%s: no host memory for an event", dev->name);
+    return *out
+               ? CASTOR_OK
+               : castor__cdev_fail(dev, CASTOR_NOMEM, "%s: no host memory for an event", dev->name);
 }
 
 static void cpu_event_destroy(cdev *dev, cdev_event *ev)
@@ -113,9 +114,9 @@ static void cpu_event_destroy(cdev *dev, cdev_event *ev)
 static int cpu_event_record(cdev *dev, cdev_event *ev, int stream)
 {
     if (!cdev_stream_ok(stream))
-        return cdev_bad_stream(dev, "event_record", stream);
+        return castor__cdev_bad_stream(dev, "event_record", stream);
     if (!ev)
-        return cdev_bad_args(dev, "event_record");
+        return castor__cdev_bad_args(dev, "event_record");
     ev->recorded = 1;
     return CASTOR_OK;
 }
@@ -123,11 +124,11 @@ static int cpu_event_record(cdev *dev, cdev_event *ev, int stream)
 static int cpu_stream_wait(cdev *dev, int stream, cdev_event *ev)
 {
     if (!cdev_stream_ok(stream))
-        return cdev_bad_stream(dev, "stream_wait", stream);
+        return castor__cdev_bad_stream(dev, "stream_wait", stream);
     /* Waiting on an event never recorded is legal on CUDA (a no-op), so
      * only its existence is checked; the work it marks ran when queued. */
     if (!ev)
-        return cdev_bad_args(dev, "stream_wait");
+        return castor__cdev_bad_args(dev, "stream_wait");
     return CASTOR_OK;
 }
 
@@ -141,7 +142,7 @@ static int cpu_gemm(cdev *dev, int trans_a, int trans_b, int m, int n, int k, fl
                     const float *a, int lda, const float *b, int ldb, float beta, float *c,
                     int ldc)
 {
-    int rc = cdev_check_gemm(dev, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+    int rc = castor__cdev_check_gemm(dev, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
     if (rc)
         return rc;
     if (m == 0 || n == 0)
@@ -156,7 +157,7 @@ static int cpu_gemm(cdev *dev, int trans_a, int trans_b, int m, int n, int k, fl
 static int cpu_bias_add(cdev *dev, float *y, const float *bias, int rows, int cols)
 {
     if (!y || !bias || rows < 0 || cols < 0)
-        return cdev_bad_args(dev, "bias_add");
+        return castor__cdev_bad_args(dev, "bias_add");
     for (int r = 0; r < rows; r++) {
         float *row = y + (size_t)r * (size_t)cols;
         for (int c = 0; c < cols; c++)
@@ -168,7 +169,7 @@ static int cpu_bias_add(cdev *dev, float *y, const float *bias, int rows, int co
 static int cpu_bias_grad(cdev *dev, const float *dy, float *db, int rows, int cols)
 {
     if (!dy || !db || rows < 0 || cols < 0)
-        return cdev_bad_args(dev, "bias_grad");
+        return castor__cdev_bad_args(dev, "bias_grad");
     memset(db, 0, (size_t)cols * sizeof(float));
     for (int r = 0; r < rows; r++) {
         const float *row = dy + (size_t)r * (size_t)cols;
@@ -180,13 +181,13 @@ static int cpu_bias_grad(cdev *dev, const float *dy, float *db, int rows, int co
 
 static int unknown_act(cdev *dev, castor_activation act)
 {
-    return cdev_fail(dev, CASTOR_INVALID, "%s: unknown activation %d", dev->name, (int)act);
+    return castor__cdev_fail(dev, CASTOR_INVALID, "%s: unknown activation %d", dev->name, (int)act);
 }
 
 static int cpu_act_forward(cdev *dev, castor_activation act, float *y, size_t n)
 {
     if (!y && n)
-        return cdev_bad_args(dev, "act_forward");
+        return castor__cdev_bad_args(dev, "act_forward");
     switch (act) {
     case CASTOR_ACT_RELU:
         for (size_t i = 0; i < n; i++)
@@ -211,7 +212,7 @@ static int cpu_act_forward(cdev *dev, castor_activation act, float *y, size_t n)
 static int cpu_act_backward(cdev *dev, castor_activation act, const float *y, float *dy, size_t n)
 {
     if ((!y || !dy) && n)
-        return cdev_bad_args(dev, "act_backward");
+        return castor__cdev_bad_args(dev, "act_backward");
     switch (act) {
     case CASTOR_ACT_RELU:
         for (size_t i = 0; i < n; i++)
@@ -237,15 +238,17 @@ static int cpu_softmax_xent(cdev *dev, const float *logits, const int32_t *label
                             int cols, float grad_scale, float *dlogits, float *row_stats)
 {
     if (!logits || !labels || !row_stats || rows < 0 || cols <= 0)
-        return cdev_bad_args(dev, "softmax_xent");
+        return castor__cdev_bad_args(dev, "softmax_xent");
     for (int r = 0; r < rows; r++) {
         const float *l = logits + (size_t)r * (size_t)cols;
         int label = labels[r];
         /* The host checks labels when a dataset is made; reading outside the
          * row for a bad one would be worse than refusing it. */
         if (label < 0 || label >= cols)
-            return cdev_fail(dev, CASTOR_INVALID, "%s: softmax_xent: row %d has label %d, "
-                             "outside 0..%d", dev->name, r, label, cols - 1);
+            return castor__cdev_fail(dev, CASTOR_INVALID,
+                                     "%s: softmax_xent: row %d has label %d, "
+                                     "outside 0..%d",
+                                     dev->name, r, label, cols - 1);
         /* Subtracting the row maximum keeps every exp in (0, 1], so no logit
          * overflows it; '>' keeps the first maximum, the interface's argmax. */
         int best = 0;
@@ -273,7 +276,7 @@ static int cpu_mse(cdev *dev, const float *pred, const float *target, int rows, 
                    float grad_scale, float *dpred, float *row_stats)
 {
     if (!pred || !target || !row_stats || rows < 0 || cols <= 0)
-        return cdev_bad_args(dev, "mse");
+        return castor__cdev_bad_args(dev, "mse");
     /* One factor for every element, as the CUDA launcher passes it. */
     float g = grad_scale * 2.0f / (float)cols;
     for (int r = 0; r < rows; r++) {
@@ -295,7 +298,7 @@ static int cpu_mse(cdev *dev, const float *pred, const float *target, int rows, 
 static int cpu_add(cdev *dev, float *dst, const float *src, size_t n)
 {
     if ((!dst || !src) && n)
-        return cdev_bad_args(dev, "add");
+        return castor__cdev_bad_args(dev, "add");
     for (size_t i = 0; i < n; i++)
         dst[i] += src[i];
     return CASTOR_OK;
@@ -305,17 +308,17 @@ static int cpu_optimizer_step(cdev *dev, const castor_optimizer *opt, float *par
                               const float *grads, float *state, size_t n, int64_t step)
 {
     if (!opt || ((!params || !grads) && n))
-        return cdev_bad_args(dev, "optimizer_step");
+        return castor__cdev_bad_args(dev, "optimizer_step");
     if (opt->kind != CASTOR_OPT_SGD && opt->kind != CASTOR_OPT_ADAM &&
         opt->kind != CASTOR_OPT_ADAMW)
-        return cdev_fail(dev, CASTOR_INVALID, "%s: unknown optimizer kind %d", dev->name,
-                         (int)opt->kind);
+        return castor__cdev_fail(dev, CASTOR_INVALID, "%s: unknown optimizer kind %d", dev->name,
+                                 (int)opt->kind);
     if (castor__optim_slots(opt) > 0 && !state && n)
-        return cdev_fail(dev, CASTOR_MISUSE, "%s: %s needs optimizer state on the device",
-                         dev->name, castor_optimizer_kind_name(opt->kind));
+        return castor__cdev_fail(dev, CASTOR_MISUSE, "%s: %s needs optimizer state on the device",
+                                 dev->name, castor_optimizer_kind_name(opt->kind));
     if (step < 1)
-        return cdev_fail(dev, CASTOR_MISUSE, "%s: optimizer step %lld (steps count from 1)",
-                         dev->name, (long long)step);
+        return castor__cdev_fail(dev, CASTOR_MISUSE, "%s: optimizer step %lld (steps count from 1)",
+                                 dev->name, (long long)step);
     /* The host optimizer's own code, so mirrored and central agree bit for bit. */
     castor__optim_apply_range(opt, params, grads, state, n, step, 0, n);
     return CASTOR_OK;
@@ -346,11 +349,11 @@ static const cdev_iface cpu_iface = {
     .optimizer_step = cpu_optimizer_step,
 };
 
-int cdev_cpu_create(int ordinal, size_t budget, cdev **out, char *err, size_t errlen)
+int castor__cdev_cpu_create(int ordinal, size_t budget, cdev **out, char *err, size_t errlen)
 {
     if (!out) {
         if (err && errlen)
-            snprintf(err, errlen, "cdev_cpu_create: out is NULL");
+            snprintf(err, errlen, "castor__cdev_cpu_create: out is NULL");
         return CASTOR_MISUSE;
     }
     *out = NULL;
@@ -373,7 +376,7 @@ int cdev_cpu_create(int ordinal, size_t budget, cdev **out, char *err, size_t er
     return CASTOR_OK;
 }
 
-int cdev_cpu_blas_threads(void)
+int castor__cdev_cpu_blas_threads(void)
 {
     return openblas_get_num_threads();
 }

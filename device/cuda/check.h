@@ -56,9 +56,9 @@ static inline int castor__cuda_fail(cdev *dev, cudaError_t e, const char *call,
     /* The sticky check also clears a non-sticky error, so the next kernel
      * launch's cudaGetLastError() does not report this one again. */
     const char *hint = castor__cuda_sticky_hint();
-    return cdev_fail(dev, code, "%s: %.*s failed at %s:%d: %s (%s)%s", dev->name,
-                     CASTOR_CUDA_CALL_CHARS, call, file, line, cudaGetErrorString(e),
-                     cudaGetErrorName(e), hint);
+    return castor__cdev_fail(dev, code, "%s: %.*s failed at %s:%d: %s (%s)%s", dev->name,
+                             CASTOR_CUDA_CALL_CHARS, call, file, line, cudaGetErrorString(e),
+                             cudaGetErrorName(e), hint);
 }
 
 static inline int castor__cublas_fail(cdev *dev, cublasStatus_t s, const char *call,
@@ -67,9 +67,9 @@ static inline int castor__cublas_fail(cdev *dev, cublasStatus_t s, const char *c
     int code = s == CUBLAS_STATUS_ALLOC_FAILED ? CASTOR_DEVICE_MEMORY : CASTOR_DEVICE;
     /* cuBLAS may have left a CUDA error behind (a failed launch inside it). */
     const char *hint = castor__cuda_sticky_hint();
-    return cdev_fail(dev, code, "%s: %.*s failed at %s:%d: %s (%s)%s", dev->name,
-                     CASTOR_CUDA_CALL_CHARS, call, file, line, cublasGetStatusString(s),
-                     cublasGetStatusName(s), hint);
+    return castor__cdev_fail(dev, code, "%s: %.*s failed at %s:%d: %s (%s)%s", dev->name,
+                             CASTOR_CUDA_CALL_CHARS, call, file, line, cublasGetStatusString(s),
+                             cublasGetStatusName(s), hint);
 }
 
 /* comm may be NULL (before a communicator exists); with one, NCCL's own last
@@ -79,10 +79,12 @@ static inline int castor__nccl_fail(cdev *dev, ncclComm_t comm, ncclResult_t r,
 {
     const char *detail = ncclGetLastError(comm);
     const char *hint = castor__cuda_sticky_hint();
-    return cdev_fail(dev, CASTOR_DEVICE, "%s: %.*s failed at %s:%d: %s%s%s%s (run with "
-                     "NCCL_DEBUG=WARN for details)",
-                     dev->name, CASTOR_CUDA_CALL_CHARS, call, file, line, ncclGetErrorString(r),
-                     detail && *detail ? ": " : "", detail ? detail : "", hint);
+    return castor__cdev_fail(dev, CASTOR_DEVICE,
+                             "%s: %.*s failed at %s:%d: %s%s%s%s (run with "
+                             "NCCL_DEBUG=WARN for details)",
+                             dev->name, CASTOR_CUDA_CALL_CHARS, call, file, line,
+                             ncclGetErrorString(r), detail && *detail ? ": " : "",
+                             detail ? detail : "", hint);
 }
 
 #define CUDA_CHECK(dev, call)                                                           \

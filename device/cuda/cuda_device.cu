@@ -5,7 +5,7 @@
  * copy-out) and a cuBLAS handle bound to its compute stream, so replicas
  * sharing a GPU ("cuda:0x4") run independently and never wait on each other
  * or on the legacy default stream. Memory is plain cudaMalloc; the budget is
- * enforced by cdev_alloc() above this layer. Kernels live in kernels.cu and
+ * enforced by castor__cdev_alloc() above this layer. Kernels live in kernels.cu and
  * optimizer.cu; this file turns the interface's calls into launches, copies
  * and cuBLAS calls, and every failure into a castor status with a message.
  */
@@ -73,8 +73,8 @@ void close_ctx(cdev *dev)
 
 /* ---- the interface ---- */
 
-/* cdev_destroy() hands the whole device over: the cdev itself was made by
- * cdev_cuda_create and is freed here, as the CPU backend does. */
+/* castor__cdev_destroy() hands the whole device over: the cdev itself was made by
+ * castor__cdev_cuda_create and is freed here, as the CPU backend does. */
 void cuda_destroy(cdev *dev)
 {
     if (!dev)
@@ -97,11 +97,12 @@ int cuda_alloc(cdev *dev, size_t bytes, void **d_out)
         size_t free_b = 0, total_b = 0;
         if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)
             (void)cudaGetLastError();
-        return cdev_fail(dev, e == cudaErrorMemoryAllocation ? CASTOR_DEVICE_MEMORY : CASTOR_DEVICE,
-                         "%s: cudaMalloc of %zu bytes failed at %s:%d: %s (%s); the GPU has %zu "
-                         "of %zu bytes free and this replica holds %zu%s",
-                         dev->name, bytes, __FILE__, __LINE__, cudaGetErrorString(e),
-                         cudaGetErrorName(e), free_b, total_b, dev->used, hint);
+        return castor__cdev_fail(
+            dev, e == cudaErrorMemoryAllocation ? CASTOR_DEVICE_MEMORY : CASTOR_DEVICE,
+            "%s: cudaMalloc of %zu bytes failed at %s:%d: %s (%s); the GPU has %zu "
+            "of %zu bytes free and this replica holds %zu%s",
+            dev->name, bytes, __FILE__, __LINE__, cudaGetErrorString(e), cudaGetErrorName(e),
+            free_b, total_b, dev->used, hint);
     }
     *d_out = p;
     return CASTOR_OK;
@@ -120,9 +121,9 @@ void cuda_release(cdev *dev, void *d_ptr)
 int cuda_memset0(cdev *dev, int stream, void *d_dst, size_t bytes)
 {
     if (!cdev_stream_ok(stream))
-        return cdev_bad_stream(dev, "memset0", stream);
+        return castor__cdev_bad_stream(dev, "memset0", stream);
     if (!d_dst && bytes)
-        return cdev_bad_args(dev, "memset0");
+        return castor__cdev_bad_args(dev, "memset0");
     if (bytes == 0)
         return CASTOR_OK;
     CUDA_ENTER(dev);
@@ -133,9 +134,9 @@ int cuda_memset0(cdev *dev, int stream, void *d_dst, size_t bytes)
 int cuda_copy_h2d(cdev *dev, int stream, void *d_dst, const void *h_src, size_t bytes)
 {
     if (!cdev_stream_ok(stream))
-        return cdev_bad_stream(dev, "copy_h2d", stream);
+        return castor__cdev_bad_stream(dev, "copy_h2d", stream);
     if ((!d_dst || !h_src) && bytes)
-        return cdev_bad_args(dev, "copy_h2d");
+        return castor__cdev_bad_args(dev, "copy_h2d");
     if (bytes == 0)
         return CASTOR_OK;
     CUDA_ENTER(dev);
@@ -147,9 +148,9 @@ int cuda_copy_h2d(cdev *dev, int stream, void *d_dst, const void *h_src, size_t 
 int cuda_copy_d2h(cdev *dev, int stream, void *h_dst, const void *d_src, size_t bytes)
 {
     if (!cdev_stream_ok(stream))
-        return cdev_bad_stream(dev, "copy_d2h", stream);
+        return castor__cdev_bad_stream(dev, "copy_d2h", stream);
     if ((!h_dst || !d_src) && bytes)
-        return cdev_bad_args(dev, "copy_d2h");
+        return castor__cdev_bad_args(dev, "copy_d2h");
     if (bytes == 0)
         return CASTOR_OK;
     CUDA_ENTER(dev);
@@ -161,9 +162,9 @@ int cuda_copy_d2h(cdev *dev, int stream, void *h_dst, const void *d_src, size_t 
 int cuda_copy_d2d(cdev *dev, int stream, void *d_dst, const void *d_src, size_t bytes)
 {
     if (!cdev_stream_ok(stream))
-        return cdev_bad_stream(dev, "copy_d2d", stream);
+        return castor__cdev_bad_stream(dev, "copy_d2d", stream);
     if ((!d_dst || !d_src) && bytes)
-        return cdev_bad_args(dev, "copy_d2d");
+        return castor__cdev_bad_args(dev, "copy_d2d");
     if (bytes == 0)
         return CASTOR_OK;
     CUDA_ENTER(dev);
@@ -175,7 +176,7 @@ int cuda_copy_d2d(cdev *dev, int stream, void *d_dst, const void *d_src, size_t 
 int cuda_event_create(cdev *dev, cdev_event **out)
 {
     if (!out)
-        return cdev_bad_args(dev, "event_create");
+        return castor__cdev_bad_args(dev, "event_create");
     *out = NULL;
     CUDA_ENTER(dev);
     cudaEvent_t ev = NULL;
@@ -197,9 +198,9 @@ void cuda_event_destroy(cdev *dev, cdev_event *ev)
 int cuda_event_record(cdev *dev, cdev_event *ev, int stream)
 {
     if (!cdev_stream_ok(stream))
-        return cdev_bad_stream(dev, "event_record", stream);
+        return castor__cdev_bad_stream(dev, "event_record", stream);
     if (!ev)
-        return cdev_bad_args(dev, "event_record");
+        return castor__cdev_bad_args(dev, "event_record");
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, cudaEventRecord(to_cuda_event(ev), stream_of(dev, stream)));
     return CASTOR_OK;
@@ -208,10 +209,10 @@ int cuda_event_record(cdev *dev, cdev_event *ev, int stream)
 int cuda_stream_wait(cdev *dev, int stream, cdev_event *ev)
 {
     if (!cdev_stream_ok(stream))
-        return cdev_bad_stream(dev, "stream_wait", stream);
+        return castor__cdev_bad_stream(dev, "stream_wait", stream);
     /* Waiting on an event never recorded is legal (a no-op); NULL is not. */
     if (!ev)
-        return cdev_bad_args(dev, "stream_wait");
+        return castor__cdev_bad_args(dev, "stream_wait");
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, cudaStreamWaitEvent(stream_of(dev, stream), to_cuda_event(ev), 0));
     return CASTOR_OK;
@@ -237,7 +238,7 @@ int cuda_gemm(cdev *dev, int trans_a, int trans_b, int m, int n, int k, float al
               const float *d_a, int lda, const float *d_b, int ldb, float beta, float *d_c,
               int ldc)
 {
-    int rc = cdev_check_gemm(dev, trans_a, trans_b, m, n, k, d_a, lda, d_b, ldb, d_c, ldc);
+    int rc = castor__cdev_check_gemm(dev, trans_a, trans_b, m, n, k, d_a, lda, d_b, ldb, d_c, ldc);
     if (rc)
         return rc;
     if (m == 0 || n == 0)
@@ -263,7 +264,7 @@ int cuda_gemm(cdev *dev, int trans_a, int trans_b, int m, int n, int k, float al
 int cuda_bias_add(cdev *dev, float *d_y, const float *d_bias, int rows, int cols)
 {
     if (!d_y || !d_bias || rows < 0 || cols < 0)
-        return cdev_bad_args(dev, "bias_add");
+        return castor__cdev_bad_args(dev, "bias_add");
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, castor__cuda_bias_add(compute_stream(dev), d_y, d_bias, rows, cols));
     return CASTOR_OK;
@@ -272,7 +273,7 @@ int cuda_bias_add(cdev *dev, float *d_y, const float *d_bias, int rows, int cols
 int cuda_bias_grad(cdev *dev, const float *d_dy, float *d_db, int rows, int cols)
 {
     if (!d_dy || !d_db || rows < 0 || cols < 0)
-        return cdev_bad_args(dev, "bias_grad");
+        return castor__cdev_bad_args(dev, "bias_grad");
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, castor__cuda_bias_grad(compute_stream(dev), d_dy, d_db, rows, cols));
     return CASTOR_OK;
@@ -287,9 +288,10 @@ bool act_ok(castor_activation act)
 int cuda_act_forward(cdev *dev, castor_activation act, float *d_y, size_t n)
 {
     if (!d_y && n)
-        return cdev_bad_args(dev, "act_forward");
+        return castor__cdev_bad_args(dev, "act_forward");
     if (!act_ok(act))
-        return cdev_fail(dev, CASTOR_INVALID, "%s: unknown activation %d", dev->name, (int)act);
+        return castor__cdev_fail(dev, CASTOR_INVALID, "%s: unknown activation %d", dev->name,
+                                 (int)act);
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, castor__cuda_act_forward(compute_stream(dev), act, d_y, n));
     return CASTOR_OK;
@@ -298,9 +300,10 @@ int cuda_act_forward(cdev *dev, castor_activation act, float *d_y, size_t n)
 int cuda_act_backward(cdev *dev, castor_activation act, const float *d_y, float *d_dy, size_t n)
 {
     if ((!d_y || !d_dy) && n)
-        return cdev_bad_args(dev, "act_backward");
+        return castor__cdev_bad_args(dev, "act_backward");
     if (!act_ok(act))
-        return cdev_fail(dev, CASTOR_INVALID, "%s: unknown activation %d", dev->name, (int)act);
+        return castor__cdev_fail(dev, CASTOR_INVALID, "%s: unknown activation %d", dev->name,
+                                 (int)act);
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, castor__cuda_act_backward(compute_stream(dev), act, d_y, d_dy, n));
     return CASTOR_OK;
@@ -312,7 +315,7 @@ int cuda_softmax_xent(cdev *dev, const float *d_logits, const int32_t *d_labels,
     /* Labels are not checked here (the CPU backend refuses a bad one): that
      * would mean reading them back; the kernel gives such a row a NaN loss. */
     if (!d_logits || !d_labels || !d_row_stats || rows < 0 || cols <= 0)
-        return cdev_bad_args(dev, "softmax_xent");
+        return castor__cdev_bad_args(dev, "softmax_xent");
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, castor__cuda_softmax_xent(compute_stream(dev), d_logits, d_labels, rows,
                                               cols, grad_scale, d_dlogits, d_row_stats));
@@ -323,7 +326,7 @@ int cuda_mse(cdev *dev, const float *d_pred, const float *d_target, int rows, in
              float grad_scale, float *d_dpred, float *d_row_stats)
 {
     if (!d_pred || !d_target || !d_row_stats || rows < 0 || cols <= 0)
-        return cdev_bad_args(dev, "mse");
+        return castor__cdev_bad_args(dev, "mse");
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, castor__cuda_mse(compute_stream(dev), d_pred, d_target, rows, cols,
                                      grad_scale, d_dpred, d_row_stats));
@@ -333,7 +336,7 @@ int cuda_mse(cdev *dev, const float *d_pred, const float *d_target, int rows, in
 int cuda_add(cdev *dev, float *d_dst, const float *d_src, size_t n)
 {
     if ((!d_dst || !d_src) && n)
-        return cdev_bad_args(dev, "add");
+        return castor__cdev_bad_args(dev, "add");
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, castor__cuda_add(compute_stream(dev), d_dst, d_src, n));
     return CASTOR_OK;
@@ -343,18 +346,18 @@ int cuda_optimizer_step(cdev *dev, const castor_optimizer *opt, float *d_params,
                         const float *d_grads, float *d_state, size_t n, int64_t step)
 {
     if (!opt || ((!d_params || !d_grads) && n))
-        return cdev_bad_args(dev, "optimizer_step");
+        return castor__cdev_bad_args(dev, "optimizer_step");
     if (opt->kind != CASTOR_OPT_SGD && opt->kind != CASTOR_OPT_ADAM &&
         opt->kind != CASTOR_OPT_ADAMW)
-        return cdev_fail(dev, CASTOR_INVALID, "%s: unknown optimizer kind %d", dev->name,
-                         (int)opt->kind);
+        return castor__cdev_fail(dev, CASTOR_INVALID, "%s: unknown optimizer kind %d", dev->name,
+                                 (int)opt->kind);
     if (castor__optim_slots(opt) > 0 && !d_state && n)
-        return cdev_fail(dev, CASTOR_MISUSE, "%s: %s needs optimizer state on the device",
-                         dev->name, castor_optimizer_kind_name(opt->kind));
+        return castor__cdev_fail(dev, CASTOR_MISUSE, "%s: %s needs optimizer state on the device",
+                                 dev->name, castor_optimizer_kind_name(opt->kind));
     /* As on the CPU: Adam's bias correction divides by 1 - beta1^step. */
     if (step < 1)
-        return cdev_fail(dev, CASTOR_MISUSE, "%s: optimizer step %lld (steps count from 1)",
-                         dev->name, (long long)step);
+        return castor__cdev_fail(dev, CASTOR_MISUSE, "%s: optimizer step %lld (steps count from 1)",
+                                 dev->name, (long long)step);
     CUDA_ENTER(dev);
     CUDA_CHECK(dev, castor__cuda_optimizer_step(compute_stream(dev), opt, d_params, d_grads,
                                                 d_state, n, step));
@@ -408,7 +411,7 @@ const char *count_reason(cudaError_t e)
     }
 }
 
-/* The steps of cdev_cuda_create that can fail, each reported on dev. */
+/* The steps of castor__cdev_cuda_create that can fail, each reported on dev. */
 int open_ctx(cdev *dev, castor__cuda_ctx *ctx, size_t budget, int tf32)
 {
     CUDA_ENTER(dev);
@@ -442,12 +445,12 @@ int castor__cuda_is_cuda(const cdev *dev)
     return dev && dev->iface == &cuda_iface;
 }
 
-int cdev_cuda_compiled(void)
+int castor__cdev_cuda_compiled(void)
 {
     return 1;
 }
 
-int cdev_cuda_count(const char **why)
+int castor__cdev_cuda_count(const char **why)
 {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -469,12 +472,12 @@ int cdev_cuda_count(const char **why)
     return n;
 }
 
-int cdev_cuda_info(int ordinal, castor_device_info *info)
+int castor__cdev_cuda_info(int ordinal, castor_device_info *info)
 {
     if (!info)
         return CASTOR_MISUSE;
     memset(info, 0, sizeof *info);
-    int count = cdev_cuda_count(NULL);
+    int count = castor__cdev_cuda_count(NULL);
     if (count == 0)
         return CASTOR_UNSUPPORTED;
     if (ordinal < 0 || ordinal >= count)
@@ -502,17 +505,17 @@ int cdev_cuda_info(int ordinal, castor_device_info *info)
     return CASTOR_OK;
 }
 
-int cdev_cuda_create(int ordinal, int logical, size_t budget, int tf32, cdev **out, char *err,
-                     size_t errlen)
+int castor__cdev_cuda_create(int ordinal, int logical, size_t budget, int tf32, cdev **out,
+                             char *err, size_t errlen)
 {
     char msg[sizeof ((cdev *)0)->errmsg];
     if (!out) {
-        put_err(err, errlen, "cdev_cuda_create: out is NULL");
+        put_err(err, errlen, "castor__cdev_cuda_create: out is NULL");
         return CASTOR_MISUSE;
     }
     *out = NULL;
     const char *why = NULL;
-    int count = cdev_cuda_count(&why);
+    int count = castor__cdev_cuda_count(&why);
     if (count == 0) {
         snprintf(msg, sizeof msg, "cuda:%d: no CUDA GPU can be used: %s", ordinal, why);
         put_err(err, errlen, msg);

@@ -85,12 +85,12 @@ int castor__nccl_group_create(int n, const int *ordinals, void **comms_out, char
 int castor__nccl_allreduce_sum(void *comm, cdev *dev, float *d_buf, size_t n)
 {
     if (!castor__cuda_is_cuda(dev))
-        return dev ? cdev_fail(dev, CASTOR_MISUSE, "%s: NCCL all-reduce on a non-CUDA device",
-                               dev->name)
+        return dev ? castor__cdev_fail(dev, CASTOR_MISUSE,
+                                       "%s: NCCL all-reduce on a non-CUDA device", dev->name)
                    : CASTOR_MISUSE;
     if (!comm)
-        return cdev_fail(dev, CASTOR_MISUSE, "%s: NCCL all-reduce without a communicator",
-                         dev->name);
+        return castor__cdev_fail(dev, CASTOR_MISUSE, "%s: NCCL all-reduce without a communicator",
+                                 dev->name);
     if (n == 0)
         return CASTOR_OK;
     ncclComm_t c = (ncclComm_t)comm;
@@ -99,9 +99,9 @@ int castor__nccl_allreduce_sum(void *comm, cdev *dev, float *d_buf, size_t n)
     int comm_dev = -1;
     NCCL_CHECK(dev, c, ncclCommCuDevice(c, &comm_dev));
     if (comm_dev != dev->ordinal)
-        return cdev_fail(dev, CASTOR_MISUSE,
-                         "%s: NCCL communicator belongs to cuda:%d, not this replica's GPU",
-                         dev->name, comm_dev);
+        return castor__cdev_fail(dev, CASTOR_MISUSE,
+                                 "%s: NCCL communicator belongs to cuda:%d, not this replica's GPU",
+                                 dev->name, comm_dev);
     CUDA_ENTER(dev);
     NCCL_CHECK(dev, c, ncclAllReduce(d_buf, d_buf, n, ncclFloat, ncclSum, c,
                                      castor__cuda_ctx_of(dev)->stream[CDEV_STREAM_COMPUTE]));

@@ -67,24 +67,24 @@ twin twin_open(int tf32)
 {
     twin t = {{NULL, NULL}};
     char err[384] = "";
-    int rc = cdev_cuda_create(0, 0, 0, tf32, &t.dev[GPU], err, sizeof err);
-    cr_assert_eq(rc, CASTOR_OK, "cdev_cuda_create(0): %d: %s", rc, err);
-    rc = cdev_cpu_create(0, CPU_BUDGET, &t.dev[CPU], err, sizeof err);
-    cr_assert_eq(rc, CASTOR_OK, "cdev_cpu_create: %d: %s", rc, err);
+    int rc = castor__cdev_cuda_create(0, 0, 0, tf32, &t.dev[GPU], err, sizeof err);
+    cr_assert_eq(rc, CASTOR_OK, "castor__cdev_cuda_create(0): %d: %s", rc, err);
+    rc = castor__cdev_cpu_create(0, CPU_BUDGET, &t.dev[CPU], err, sizeof err);
+    cr_assert_eq(rc, CASTOR_OK, "castor__cdev_cpu_create: %d: %s", rc, err);
     return t;
 }
 
 void twin_close(twin *t)
 {
     for (int i = 0; i < 2; i++)
-        cdev_destroy(t->dev[i]);
+        castor__cdev_destroy(t->dev[i]);
 }
 
 tbuf tb_alloc(twin *t, size_t bytes)
 {
     tbuf b = {{NULL, NULL}, bytes};
     for (int i = 0; i < 2; i++)
-        CHECK_RC(t->dev[i], cdev_alloc(t->dev[i], bytes, &b.d[i]));
+        CHECK_RC(t->dev[i], castor__cdev_alloc(t->dev[i], bytes, &b.d[i]));
     return b;
 }
 
@@ -113,6 +113,6 @@ void tb_free(twin *t, tbuf *b)
 {
     for (int i = 0; i < 2; i++)
         if (b->d[i])
-            cdev_free(t->dev[i], b->d[i], b->bytes);
+            castor__cdev_free(t->dev[i], b->d[i], b->bytes);
     b->d[0] = b->d[1] = NULL;
 }

@@ -32,11 +32,11 @@
 #define BIG_N (((size_t)1 << 21) + 3)
 
 /* Every test that needs a GPU starts with this; cr_skip_test ends it. */
-#define REQUIRE_GPU()                                                                    \
-    do {                                                                                 \
-        const char *why_ = NULL;                                                         \
-        if (cdev_cuda_count(&why_) == 0)                                                 \
-            cr_skip_test("no GPU: %s", why_ ? why_ : "(no reason given)");               \
+#define REQUIRE_GPU()                                                                              \
+    do {                                                                                           \
+        const char *why_ = NULL;                                                                   \
+        if (castor__cdev_cuda_count(&why_) == 0)                                                   \
+            cr_skip_test("no GPU: %s", why_ ? why_ : "(no reason given)");                         \
     } while (0)
 
 #define CHECK_RC(dev, expr)                                                              \

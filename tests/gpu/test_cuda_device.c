@@ -17,8 +17,9 @@
 Test(cuda, reports_missing_gpu_cleanly)
 {
     const char *why = NULL;
-    int count = cdev_cuda_count(&why);
-    cr_expect(cdev_cuda_compiled() || count == 0, "a build without CUDA sees %d GPUs", count);
+    int count = castor__cdev_cuda_count(&why);
+    cr_expect(castor__cdev_cuda_compiled() || count == 0, "a build without CUDA sees %d GPUs",
+              count);
     cdev *dev = (cdev *)0x1;
     char err[384] = "";
     if (count == 0) {
@@ -27,32 +28,32 @@ Test(cuda, reports_missing_gpu_cleanly)
          * its cr_log_warn makes the run exit non-zero. */
         fprintf(stderr, "cuda: no GPU: %s; every other CUDA test is skipped "
                         "(--verbose lists them)\n", why);
-        int rc = cdev_cuda_create(0, 0, 0, 0, &dev, err, sizeof err);
+        int rc = castor__cdev_cuda_create(0, 0, 0, 0, &dev, err, sizeof err);
         cr_expect_eq(rc, CASTOR_UNSUPPORTED, "create without a GPU returned %d: %s", rc, err);
         cr_expect_null(dev);
         cr_expect(strstr(err, why) != NULL, "the error does not give the reason: '%s'", err);
         castor_device_info info;
-        cr_expect_eq(cdev_cuda_info(0, &info), CASTOR_UNSUPPORTED);
+        cr_expect_eq(castor__cdev_cuda_info(0, &info), CASTOR_UNSUPPORTED);
         return;
     }
-    int rc = cdev_cuda_create(count, 0, 0, 0, &dev, err, sizeof err);
+    int rc = castor__cdev_cuda_create(count, 0, 0, 0, &dev, err, sizeof err);
     cr_expect_eq(rc, CASTOR_INVALID, "create(cuda:%d) returned %d: %s", count, rc, err);
     cr_expect_null(dev);
     cr_expect(strlen(err) > 0);
-    rc = cdev_cuda_create(-1, 0, 0, 0, &dev, err, sizeof err);
+    rc = castor__cdev_cuda_create(-1, 0, 0, 0, &dev, err, sizeof err);
     cr_expect_eq(rc, CASTOR_INVALID);
     castor_device_info info;
-    cr_expect_eq(cdev_cuda_info(count, &info), CASTOR_INVALID);
+    cr_expect_eq(castor__cdev_cuda_info(count, &info), CASTOR_INVALID);
 }
 
 Test(cuda, info)
 {
     REQUIRE_GPU();
-    int count = cdev_cuda_count(NULL);
+    int count = castor__cdev_cuda_count(NULL);
     for (int g = 0; g < count; g++) {
         castor_device_info info;
-        int rc = cdev_cuda_info(g, &info);
-        cr_assert_eq(rc, CASTOR_OK, "cdev_cuda_info(%d) returned %d", g, rc);
+        int rc = castor__cdev_cuda_info(g, &info);
+        cr_assert_eq(rc, CASTOR_OK, "castor__cdev_cuda_info(%d) returned %d", g, rc);
         cr_log_info("cuda:%d: %s, %zu bytes, sm_%d%d, bus %s", g, info.name, info.total_memory,
                     info.compute_major, info.compute_minor, info.pci_bus_id);
         cr_expect_str_eq(info.kind, "cuda");
@@ -69,9 +70,9 @@ Test(cuda, create_names_and_budget)
     REQUIRE_GPU();
     char err[384] = "";
     cdev *a = NULL, *b = NULL;
-    cr_assert_eq(cdev_cuda_create(0, 0, 0, 0, &a, err, sizeof err), CASTOR_OK, "%s", err);
-    cr_assert_eq(cdev_cuda_create(0, 2, (size_t)12345678, 1, &b, err, sizeof err), CASTOR_OK,
-                 "%s", err);
+    cr_assert_eq(castor__cdev_cuda_create(0, 0, 0, 0, &a, err, sizeof err), CASTOR_OK, "%s", err);
+    cr_assert_eq(castor__cdev_cuda_create(0, 2, (size_t)12345678, 1, &b, err, sizeof err),
+                 CASTOR_OK, "%s", err);
     cr_expect_str_eq(a->name, "cuda:0");
     cr_expect_str_eq(b->name, "cuda:0#2");
     cr_expect_str_eq(a->iface->backend, "cuda");
@@ -79,8 +80,8 @@ Test(cuda, create_names_and_budget)
     cr_expect_gt(a->budget, (size_t)1 << 28, "budget 0 should become the free memory");
     cr_expect_eq(b->budget, (size_t)12345678);
     cr_expect_eq(a->used, (size_t)0);
-    cdev_destroy(a);
-    cdev_destroy(b);
+    castor__cdev_destroy(a);
+    castor__cdev_destroy(b);
 }
 
 Test(cuda, bad_stream_is_misuse)
@@ -89,13 +90,13 @@ Test(cuda, bad_stream_is_misuse)
     twin t = twin_open(0);
     cdev *g = t.dev[GPU];
     void *p = NULL;
-    CHECK_RC(g, cdev_alloc(g, 64, &p));
+    CHECK_RC(g, castor__cdev_alloc(g, 64, &p));
     float h[16] = {0};
     cr_expect_eq(g->iface->copy_h2d(g, 7, p, h, sizeof h), CASTOR_MISUSE);
     cr_expect(strstr(g->errmsg, "stream") != NULL, "%s", g->errmsg);
     cr_expect_eq(g->iface->memset0(g, -1, p, 64), CASTOR_MISUSE);
     CHECK_RC(g, g->iface->synchronize(g));
-    cdev_free(g, p, 64);
+    castor__cdev_free(g, p, 64);
     twin_close(&t);
 }
 
@@ -246,8 +247,8 @@ Test(cuda, copies_round_trip)
     const size_t n = 100003;
     float *h = rand_floats(&s, n, -10, 10), *back = alloc_floats(n);
     void *a = NULL, *b = NULL;
-    CHECK_RC(g, cdev_alloc(g, n * sizeof(float), &a));
-    CHECK_RC(g, cdev_alloc(g, n * sizeof(float), &b));
+    CHECK_RC(g, castor__cdev_alloc(g, n * sizeof(float), &a));
+    CHECK_RC(g, castor__cdev_alloc(g, n * sizeof(float), &b));
     cr_expect_eq(g->used, 2 * n * sizeof(float));
 
     /* Whole buffers on each stream, then an odd-sized piece at an odd offset. */
@@ -272,8 +273,8 @@ Test(cuda, copies_round_trip)
             break;
         }
     }
-    cdev_free(g, a, n * sizeof(float));
-    cdev_free(g, b, n * sizeof(float));
+    castor__cdev_free(g, a, n * sizeof(float));
+    castor__cdev_free(g, b, n * sizeof(float));
     cr_expect_eq(g->used, (size_t)0);
     free(h);
     free(back);
@@ -293,8 +294,8 @@ Test(cuda, events_order_streams)
     cr_assert_eq(castor__host_alloc(&dst, bytes, 1), CASTOR_OK);
     float *hs = src.ptr, *hd = dst.ptr;
     void *a = NULL, *b = NULL;
-    CHECK_RC(g, cdev_alloc(g, bytes, &a));
-    CHECK_RC(g, cdev_alloc(g, bytes, &b));
+    CHECK_RC(g, castor__cdev_alloc(g, bytes, &a));
+    CHECK_RC(g, castor__cdev_alloc(g, bytes, &b));
     cdev_event *copied = NULL, *computed = NULL;
     CHECK_RC(g, g->iface->event_create(g, &copied));
     CHECK_RC(g, g->iface->event_create(g, &computed));
@@ -320,8 +321,8 @@ Test(cuda, events_order_streams)
     }
     g->iface->event_destroy(g, copied);
     g->iface->event_destroy(g, computed);
-    cdev_free(g, a, bytes);
-    cdev_free(g, b, bytes);
+    castor__cdev_free(g, a, bytes);
+    castor__cdev_free(g, b, bytes);
     castor__host_free(&src);
     castor__host_free(&dst);
     twin_close(&t);
@@ -335,10 +336,10 @@ Test(cuda, allocation_larger_than_the_gpu)
     REQUIRE_GPU();
     char err[384] = "";
     cdev *g = NULL;
-    cr_assert_eq(cdev_cuda_create(0, 0, SIZE_MAX / 4, 0, &g, err, sizeof err), CASTOR_OK, "%s",
-                 err);
+    cr_assert_eq(castor__cdev_cuda_create(0, 0, SIZE_MAX / 4, 0, &g, err, sizeof err), CASTOR_OK,
+                 "%s", err);
     void *p = (void *)0x1;
-    int rc = cdev_alloc(g, (size_t)1 << 50, &p);
+    int rc = castor__cdev_alloc(g, (size_t)1 << 50, &p);
     cr_expect(rc == CASTOR_DEVICE_MEMORY || rc == CASTOR_DEVICE, "1 PiB allocation returned %d",
               rc);
     cr_expect_null(p);
@@ -349,10 +350,10 @@ Test(cuda, allocation_larger_than_the_gpu)
     cr_expect_eq(g->used, (size_t)0);
 
     void *q = NULL;
-    CHECK_RC(g, cdev_alloc(g, 4096, &q));
+    CHECK_RC(g, castor__cdev_alloc(g, 4096, &q));
     CHECK_RC(g, g->iface->memset0(g, CDEV_STREAM_COMPUTE, q, 4096));
     CHECK_RC(g, g->iface->add(g, q, q, 1024));
     CHECK_RC(g, g->iface->synchronize(g));
-    cdev_free(g, q, 4096);
-    cdev_destroy(g);
+    castor__cdev_free(g, q, 4096);
+    castor__cdev_destroy(g);
 }

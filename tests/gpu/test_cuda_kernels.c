@@ -124,19 +124,19 @@ Test(cuda, gemm_k0_past_int_max)
     REQUIRE_GPU();
     char err[384] = "";
     cdev *g = NULL;
-    cr_assert_eq(cdev_cuda_create(0, 0, 0, 0, &g, err, sizeof err), CASTOR_OK, "%s", err);
+    cr_assert_eq(castor__cdev_cuda_create(0, 0, 0, 0, &g, err, sizeof err), CASTOR_OK, "%s", err);
     const int n = 1 << 16, m = (1 << 15) + 1;  /* m * n = 2^31 + 2^16 */
     const size_t count = (size_t)m * (size_t)n, bytes = count * sizeof(float);
     void *c = NULL, *ab = NULL;
-    int rc = cdev_alloc(g, bytes, &c);
+    int rc = castor__cdev_alloc(g, bytes, &c);
     if (rc == CASTOR_DEVICE_MEMORY) {
         char why[sizeof g->errmsg];
         snprintf(why, sizeof why, "%s", g->errmsg);
-        cdev_destroy(g);
+        castor__cdev_destroy(g);
         cr_skip_test("needs %zu bytes of free GPU memory: %s", bytes, why);
     }
     cr_assert_eq(rc, CASTOR_OK, "%s", g->errmsg);
-    CHECK_RC(g, cdev_alloc(g, 64, &ab));  /* A (m x 0) and B (0 x n): never read */
+    CHECK_RC(g, castor__cdev_alloc(g, 64, &ab)); /* A (m x 0) and B (0 x n): never read */
     const size_t chunk = (size_t)1 << 24;
     float *h = alloc_floats(chunk);
     for (size_t i = 0; i < chunk; i++)
@@ -167,9 +167,9 @@ Test(cuda, gemm_k0_past_int_max)
         }
     }
     free(h);
-    cdev_free(g, ab, 64);
-    cdev_free(g, c, bytes);
-    cdev_destroy(g);
+    castor__cdev_free(g, ab, 64);
+    castor__cdev_free(g, c, bytes);
+    castor__cdev_destroy(g);
 }
 
 /* ---- bias ---- */
@@ -367,14 +367,14 @@ Test(cuda, softmax_xent_bad_label_does_not_fault)
     REQUIRE_GPU();
     char err[384] = "";
     cdev *g = NULL;
-    cr_assert_eq(cdev_cuda_create(0, 0, 0, 0, &g, err, sizeof err), CASTOR_OK, "%s", err);
+    cr_assert_eq(castor__cdev_cuda_create(0, 0, 0, 0, &g, err, sizeof err), CASTOR_OK, "%s", err);
     const float hx[2 * 3] = {1, 2, 3, 4, 5, 6};
     const int32_t hl[2] = {1 << 30, -5};
     float hs[4];
     void *x = NULL, *l = NULL, *st = NULL;
-    CHECK_RC(g, cdev_alloc(g, sizeof hx, &x));
-    CHECK_RC(g, cdev_alloc(g, sizeof hl, &l));
-    CHECK_RC(g, cdev_alloc(g, sizeof hs, &st));
+    CHECK_RC(g, castor__cdev_alloc(g, sizeof hx, &x));
+    CHECK_RC(g, castor__cdev_alloc(g, sizeof hl, &l));
+    CHECK_RC(g, castor__cdev_alloc(g, sizeof hs, &st));
     CHECK_RC(g, g->iface->copy_h2d(g, CDEV_STREAM_COMPUTE, x, hx, sizeof hx));
     CHECK_RC(g, g->iface->copy_h2d(g, CDEV_STREAM_COMPUTE, l, hl, sizeof hl));
     CHECK_RC(g, g->iface->softmax_xent(g, x, l, 2, 3, 1.0f, NULL, st));
@@ -382,10 +382,10 @@ Test(cuda, softmax_xent_bad_label_does_not_fault)
     CHECK_RC(g, g->iface->synchronize(g));
     cr_expect_eq(hs[1], 0.0f);
     cr_expect_eq(hs[3], 0.0f);
-    cdev_free(g, x, sizeof hx);
-    cdev_free(g, l, sizeof hl);
-    cdev_free(g, st, sizeof hs);
-    cdev_destroy(g);
+    castor__cdev_free(g, x, sizeof hx);
+    castor__cdev_free(g, l, sizeof hl);
+    castor__cdev_free(g, st, sizeof hs);
+    castor__cdev_destroy(g);
 }
 
 /* The CPU backend's argmax: a scan from column 0 that moves only to a

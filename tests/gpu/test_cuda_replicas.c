@@ -21,13 +21,13 @@ Test(cuda, logical_replicas_share_a_gpu)
     char err[384] = "";
     cdev *r[2] = {NULL, NULL};
     for (int k = 0; k < 2; k++)
-        cr_assert_eq(cdev_cuda_create(0, k, (size_t)64 << 20, 0, &r[k], err, sizeof err),
+        cr_assert_eq(castor__cdev_cuda_create(0, k, (size_t)64 << 20, 0, &r[k], err, sizeof err),
                      CASTOR_OK, "%s", err);
     const size_t n = 1 << 20;
     float *h = alloc_floats(n), *back = alloc_floats(n);
     void *buf[2] = {NULL, NULL};
     for (int k = 0; k < 2; k++) {
-        CHECK_RC(r[k], cdev_alloc(r[k], n * sizeof(float), &buf[k]));
+        CHECK_RC(r[k], castor__cdev_alloc(r[k], n * sizeof(float), &buf[k]));
         for (size_t i = 0; i < n; i++)
             h[i] = (float)(k + 1);
         CHECK_RC(r[k], r[k]->iface->copy_h2d(r[k], CDEV_STREAM_H2D, buf[k], h,
@@ -42,15 +42,15 @@ Test(cuda, logical_replicas_share_a_gpu)
         CHECK_RC(r[k], r[k]->iface->synchronize(r[k]));
         cr_expect_eq(back[0], 2.0f * (float)(k + 1));
         cr_expect_eq(back[n - 1], 2.0f * (float)(k + 1));
-        cdev_free(r[k], buf[k], n * sizeof(float));
+        castor__cdev_free(r[k], buf[k], n * sizeof(float));
     }
     /* The second replica's budget is its own: 64 MiB, so 65 MiB fails. */
     void *big = NULL;
-    cr_expect_eq(cdev_alloc(r[1], (size_t)65 << 20, &big), CASTOR_DEVICE_MEMORY);
+    cr_expect_eq(castor__cdev_alloc(r[1], (size_t)65 << 20, &big), CASTOR_DEVICE_MEMORY);
     free(h);
     free(back);
-    cdev_destroy(r[0]);
-    cdev_destroy(r[1]);
+    castor__cdev_destroy(r[0]);
+    castor__cdev_destroy(r[1]);
 }
 
 #ifdef CASTOR_HAVE_CUDA
@@ -78,20 +78,20 @@ Test(cuda, nccl_single_rank_allreduce)
     int rc = castor__nccl_group_create(1, one, &comm, err, sizeof err);
     cr_assert_eq(rc, CASTOR_OK, "ncclCommInitAll for cuda:0: %d: %s", rc, err);
     cdev *g = NULL;
-    cr_assert_eq(cdev_cuda_create(0, 0, 0, 0, &g, err, sizeof err), CASTOR_OK, "%s", err);
+    cr_assert_eq(castor__cdev_cuda_create(0, 0, 0, 0, &g, err, sizeof err), CASTOR_OK, "%s", err);
     const size_t n = 100003;
     uint64_t s = 17;
     float *h = rand_floats(&s, n, -1, 1), *back = alloc_floats(n);
     void *d = NULL;
-    CHECK_RC(g, cdev_alloc(g, n * sizeof(float), &d));
+    CHECK_RC(g, castor__cdev_alloc(g, n * sizeof(float), &d));
     CHECK_RC(g, g->iface->copy_h2d(g, CDEV_STREAM_COMPUTE, d, h, n * sizeof(float)));
     CHECK_RC(g, castor__nccl_allreduce_sum(comm, g, d, n));
     CHECK_RC(g, g->iface->copy_d2h(g, CDEV_STREAM_COMPUTE, back, d, n * sizeof(float)));
     CHECK_RC(g, g->iface->synchronize(g));
     cr_expect(memcmp(h, back, n * sizeof(float)) == 0, "one-rank all-reduce changed the data");
     cr_expect_eq(castor__nccl_allreduce_sum(NULL, g, d, n), CASTOR_MISUSE);
-    cdev_free(g, d, n * sizeof(float));
-    cdev_destroy(g);
+    castor__cdev_free(g, d, n * sizeof(float));
+    castor__cdev_destroy(g);
     castor__nccl_group_free(1, &comm);
     cr_expect_null(comm);
     free(h);
@@ -121,7 +121,7 @@ Test(cuda, nccl_allreduce_across_gpus)
 {
     REQUIRE_GPU();
     enum { MAX_G = 16 };
-    int count = cdev_cuda_count(NULL);
+    int count = castor__cdev_cuda_count(NULL);
     if (count < 2)
         cr_skip_test("needs two GPUs, this machine has %d", count);
     int G = count < MAX_G ? count : MAX_G;
@@ -138,10 +138,10 @@ Test(cuda, nccl_allreduce_across_gpus)
     float *h = alloc_floats(n);
     for (int g = 0; g < G; g++) {
         ranks[g] = (nccl_rank){comms[g], NULL, NULL, n, 0};
-        cr_assert_eq(cdev_cuda_create(g, 0, 0, 0, &ranks[g].dev, err, sizeof err), CASTOR_OK,
-                     "%s", err);
+        cr_assert_eq(castor__cdev_cuda_create(g, 0, 0, 0, &ranks[g].dev, err, sizeof err),
+                     CASTOR_OK, "%s", err);
         cdev *d = ranks[g].dev;
-        CHECK_RC(d, cdev_alloc(d, n * sizeof(float), &ranks[g].d));
+        CHECK_RC(d, castor__cdev_alloc(d, n * sizeof(float), &ranks[g].d));
         for (size_t i = 0; i < n; i++)
             h[i] = (float)(g + 1);
         CHECK_RC(d, d->iface->copy_h2d(d, CDEV_STREAM_COMPUTE, ranks[g].d, h, n * sizeof(float)));
@@ -159,11 +159,11 @@ Test(cuda, nccl_allreduce_across_gpus)
         CHECK_RC(d, d->iface->synchronize(d));
         cr_expect_eq(h[0], want, "%s: %g, want %g", d->name, (double)h[0], (double)want);
         cr_expect_eq(h[n - 1], want, "%s: %g, want %g", d->name, (double)h[n - 1], (double)want);
-        cdev_free(d, ranks[g].d, n * sizeof(float));
+        castor__cdev_free(d, ranks[g].d, n * sizeof(float));
     }
     castor__nccl_group_free(G, comms);
     for (int g = 0; g < G; g++)
-        cdev_destroy(ranks[g].dev);
+        castor__cdev_destroy(ranks[g].dev);
     free(h);
 }
 #endif /* CASTOR_HAVE_CUDA */
