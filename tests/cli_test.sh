@@ -593,6 +593,17 @@ grep -q -- "--resume $CK" "$T/err" || bad "the error does not suggest --resume $
 expect_error 2 "resuming ckpt 12 into a --checkpoint-dir holding ckpt 16" "${TRAIN[@]}" \
     --devices cpu:2 --epochs 2 --batch 64 --checkpoint-every 4 --keep 2 \
     --resume "$CK/sub/dir/ckpt-000000000012.safetensors" --checkpoint-dir "$CK/sub/dir"
+# Older checkpoints of another run (seed 7, step 8): resuming step 16 of
+# seed 1 into their directory pruned them as its own.
+run "${TRAIN[@]}" --seed 7 --epochs 1 --batch 64 --quiet --checkpoint-dir "$T/ck-other"
+other=$(snapshot "$T/ck-other")
+expect_error 2 "resuming into a --checkpoint-dir holding another run's older checkpoint" \
+    "${TRAIN[@]}" --devices cpu:2 --epochs 3 --batch 64 --keep 1 \
+    --resume "$CK/sub/dir/ckpt-000000000016.safetensors" --checkpoint-dir "$T/ck-other"
+grep -q -- "ckpt-000000000008.safetensors, from another run than .* (another seed)" "$T/err" ||
+    bad "the error does not say which file and why" "$(cat "$T/err")"
+[[ "$other" == "$(snapshot "$T/ck-other")" && -n "$other" ]] ||
+    bad "the refused run changed the other run's checkpoints" "$(names "$T/ck-other")"
 if [[ "$before" == "$(snapshot "$CK")" ]]; then
     ok "the refused runs left the checkpoint directories as they were"
 else

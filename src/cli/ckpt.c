@@ -304,3 +304,51 @@ int cli_ckpt_read_meta(const char *path, cli_ckpt_meta *out, char *err, size_t e
     cJSON_Delete(root);
     return rc;
 }
+
+/* What differs between two checkpoints' runs, or NULL: the settings a run
+ * keeps from its first step to its last. */
+static const char *run_differs(const cli_ckpt_meta *a, const cli_ckpt_meta *b)
+{
+    if (a->seed != b->seed)
+        return "another seed";
+    if (a->input_features != b->input_features || strcmp(a->layers, b->layers) != 0)
+        return "another model";
+    if (strcmp(a->loss, b->loss) != 0)
+        return "another loss";
+    if (strcmp(a->optimizer, b->optimizer) != 0 || a->learning_rate != b->learning_rate ||
+        a->momentum != b->momentum || a->weight_decay != b->weight_decay ||
+        a->nesterov != b->nesterov)
+        return "another optimizer";
+    return NULL;
+}
+
+int cli_ckpt_find_foreign(const char *dir, const cli_ckpt_meta *mine, char *found, size_t size,
+                          char *err, size_t errlen)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return fail(err, errlen, "%s: %s", dir, strerror(errno));
+    int rc = 0;
+    struct dirent *e;
+    while (rc == 0 && (e = readdir(d))) {
+        if (name_step(e->d_name, 1) < 0 || !is_regular(dirfd(d), e->d_name))
+            continue;
+        int n = snprintf(found, size, "%s%s%s", dir, dir_sep(dir), e->d_name);
+        if (n < 0 || (size_t)n >= size) {
+            rc = fail(err, errlen, "%s%s%s: path too long", dir, dir_sep(dir), e->d_name);
+            break;
+        }
+        cli_ckpt_meta theirs;
+        char why[CLI_PATH_MAX + 256];
+        const char *differs;
+        if (cli_ckpt_read_meta(found, &theirs, why, sizeof why) != 0) {
+            snprintf(err, errlen, "%s", why);
+            rc = 1;
+        } else if ((differs = run_differs(mine, &theirs)) != NULL) {
+            snprintf(err, errlen, "%s", differs);
+            rc = 1;
+        }
+    }
+    closedir(d);
+    return rc;
+}

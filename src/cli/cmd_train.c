@@ -254,6 +254,21 @@ static int check_checkpoint_dir(train_run *r)
                    dir, newest, (long long)from, dir);
         return CLI_EXIT_USAGE;
     }
+    /* Older ones must be this run's too: pruning would delete them. */
+    if (found) {
+        char other[CLI_PATH_MAX];
+        int foreign = cli_ckpt_find_foreign(dir, &r->meta, other, sizeof other, err, sizeof err);
+        if (foreign < 0) {
+            cli_errorf("--checkpoint-dir %s", err);
+            return CLI_EXIT_RUNTIME;
+        }
+        if (foreign) {
+            cli_errorf("--checkpoint-dir %s holds %s, from another run than %s (%s): this run "
+                       "would prune it as its own; give another directory",
+                       dir, other, r->resumed_from, err);
+            return CLI_EXIT_USAGE;
+        }
+    }
     return 0;
 }
 
