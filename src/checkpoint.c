@@ -324,7 +324,7 @@ static int load_parsed(castor_model *m, const castor__st_file *f, const char *pa
         char why[sizeof m->errmsg];
         snprintf(why, sizeof why, "%s", m->errmsg);
         return castor__model_fail(m, rc, "%s: loaded, but placing the variables on the "
-                                  "replicas failed: %.300s", path, why);
+                                  "replicas failed: %s", path, why);
     }
     return CASTOR_OK;
 }
@@ -372,7 +372,7 @@ int castor_model_open(castor_model **out, const char *path, castor_strategy *str
     if (!out)
         return CASTOR_MISUSE;
     *out = NULL;
-    char err[512];
+    char err[CASTOR__MSG_MAX];
     castor__st_file f;
     castor__ckpt_info info;
     int rc;

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "castor.h"
+#include "src/util.h"
 
 struct castor_dataset {
     size_t n;             /* samples */
@@ -20,7 +21,7 @@ struct castor_dataset {
     int num_classes;      /* max label + 1 (0 without labels) */
     float *targets;       /* n x target_dim, or NULL */
     int target_dim;
-    char errmsg[512];
+    char errmsg[CASTOR__MSG_MAX];
 };
 
 /* One IDX file (http://yann.lecun.com/exdb/mnist/ format), plain or gzip.

@@ -11,6 +11,7 @@
 
 #include "castor.h"
 #include "host/pinned.h"
+#include "src/util.h"
 
 /* One dense layer: y = act(x W + b). Its kernel W (in x out, row-major) and
  * bias b (out) sit next to each other in the flat buffer, so a layer's
@@ -65,7 +66,7 @@ struct castor_model {
     int fitting;
 
     struct castor__runtime *rt;  /* the strategy's per-model state */
-    char errmsg[512];
+    char errmsg[CASTOR__MSG_MAX];
 };
 
 int castor__model_fail(castor_model *m, int code, const char *fmt, ...)

@@ -21,7 +21,7 @@ void castor__log(const castor_strategy *s, castor_log_level level, const char *f
 {
     if (!s || !s->opts.log_fn || level > s->opts.log_level)
         return;
-    char msg[1024];
+    char msg[CASTOR__MSG_MAX];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);

@@ -15,6 +15,7 @@
 #include "host/pool.h"
 #include "model.h"
 #include "replica.h"
+#include "src/util.h"
 
 /* A batch as the trainer hands it over: rows contiguous on the host (pinned). */
 typedef struct castor__batch {
@@ -65,7 +66,7 @@ struct castor_strategy {
      * hands out the handle (for its message), and a model must not be
      * compiled on what it left half made. */
     int ready;
-    char errmsg[512];
+    char errmsg[CASTOR__MSG_MAX];
 };
 
 /* Per-model state of a strategy: the replicas. */

@@ -4,6 +4,10 @@
 
 #include <stddef.h>
 
+/* The room for a handle's message: a path or two of up to PATH_MAX (4096)
+ * bytes, and the reason, which comes after them, whole. */
+#define CASTOR__MSG_MAX 10240
+
 /* snprintf into an error buffer; never overflows, always terminates. */
 void castor__errf(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 

@@ -888,6 +888,22 @@ else
         "$(diff <(echo "$before") <(echo "$after"); ls -d "$T/ck-new" "$T/never.safetensors" 2>&1)"
 fi
 
+# ---- paths of thousands of bytes: the reason still ends the message ---------------------------
+# (messages were cut at 512 bytes in the library and 1024 in the CLI)
+LONG="$T/long"
+for _ in 1 2 3 4 5; do LONG="$LONG/$(printf 'd%.0s' {1..200})"; done
+mkdir -p "$LONG"
+echo junk >"$LONG/bad.safetensors"
+expect_error 1 "eval --model <1 KB path>, missing" eval --model "$LONG/none.safetensors" --data "$DATA"
+grep -q 'none.safetensors: cannot open: No such file or directory$' "$T/err" ||
+    bad "the reason was cut off" "$(tail -c 200 "$T/err")"
+expect_error 1 "--resume <1 KB path>, not a checkpoint" "${TRAIN[@]}" --resume "$LONG/bad.safetensors"
+grep -q 'bad.safetensors: truncated: .* bytes, too short .*safetensors file$' "$T/err" ||
+    bad "the reason was cut off" "$(tail -c 200 "$T/err")"
+expect_error 1 "--data <1 KB path> without the files" train --data "$LONG" --epochs 1
+grep -q "$(printf 'd%.0s' {1..20}): missing train-images-idx3-ubyte" "$T/err" ||
+    bad "the reason was cut off" "$(tail -c 200 "$T/err")"
+
 # ---- a --checkpoint-dir given with a trailing slash names files without "//" ---------------
 run "${TRAIN[@]}" --epochs 1 --batch 64 --checkpoint-dir "$T/ck-slash/" --quiet
 if [[ $rc -eq 0 ]] && ! grep -q '//' "$T/out" "$T/err" &&

@@ -12,21 +12,31 @@
 
 void cli_errorf(const char *fmt, ...)
 {
-    char buf[1024];
+    /* As long as it takes: a message may name several paths of up to
+     * CLI_PATH_MAX bytes, and its reason comes last. */
+    char fallback[1024], *buf = NULL;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    if (vasprintf(&buf, fmt, ap) < 0)
+        buf = NULL;
     va_end(ap);
+    if (!buf) {
+        va_start(ap, fmt);
+        vsnprintf(fallback, sizeof fallback, fmt, ap);
+        va_end(ap);
+    }
+    char *msg = buf ? buf : fallback;
     /* one line, whatever the message carries */
-    size_t n = strlen(buf);
-    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' '))
-        buf[--n] = '\0';
-    for (char *c = buf; *c; c++)
+    size_t n = strlen(msg);
+    while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '\r' || msg[n - 1] == ' '))
+        msg[--n] = '\0';
+    for (char *c = msg; *c; c++)
         if (*c == '\n' || *c == '\r' || *c == '\t')
             *c = ' ';
     fflush(stdout);
-    fprintf(stderr, "castor: %s\n", buf);
+    fprintf(stderr, "castor: %s\n", msg);
     fflush(stderr);
+    free(buf);
 }
 
 void cli_parser_init(cli_parser *p, const char *cmd, int argc, char **argv)
