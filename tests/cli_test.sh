@@ -915,13 +915,27 @@ fi
 
 # ---- a diverged run says so ----------------------------------------------------------------
 # (it printed "-nan", hid the validation loss and said nothing else).
-run "${TRAIN[@]}" --loss mse --optimizer sgd --lr 1000 --epochs 1 --batch 8 --validation-split 64
+run "${TRAIN[@]}" --loss mse --optimizer sgd --lr 1000 --epochs 1 --batch 8 --validation-split 64 \
+    --save "$T/diverged.safetensors"
 if [[ $rc -eq 0 ]] && grep -q '^castor: warning: the training loss is nan: training diverged' "$T/err" &&
     grep -q '^epoch 1/1  loss nan  val_loss nan ' "$T/err" && grep -q '^train: *loss nan$' "$T/out" &&
     ! grep -q -- '-nan' "$T/out" "$T/err"; then
     ok "a diverged run: a warning, 'loss nan' for training and validation"
 else
     bad "a diverged run: status $rc" "$(cat "$T/err" "$T/out")"
+fi
+# eval and predict of the diverged model print nan, not -nan
+run eval --model "$T/diverged.safetensors" --data "$DATA"
+if [[ $rc -eq 0 ]] && grep -q '^test: *loss nan ' "$T/out" && ! grep -q -- '-nan' "$T/out"; then
+    ok "eval of a diverged model: 'loss nan'"
+else
+    bad "eval of a diverged model: status $rc" "$(cat "$T/out" "$T/err")"
+fi
+run predict --model "$T/diverged.safetensors" --data "$DATA" --limit 3
+if [[ $rc -eq 0 ]] && [[ $(grep -c '^[0-9] .* nan ' "$T/out") -eq 3 ]] && ! grep -q -- '-nan' "$T/out"; then
+    ok "predict of a diverged model: outputs 'nan'"
+else
+    bad "predict of a diverged model: status $rc" "$(cat "$T/out" "$T/err")"
 fi
 
 # ---- a read-only --checkpoint-dir is refused before training -------------------------------

@@ -22,6 +22,7 @@
 #include "cli.h"
 #include "common.h"
 #include "json.h"
+#include "progress.h"
 
 enum {
     F_MODEL,
@@ -258,7 +259,8 @@ static int eval_report(const model_cmd *c, const castor_metrics *mt)
         printf("castor %s: %s (%d -> %s, step %lld, epoch %lld)\n", castor_version(), c->model,
                castor_model_input_features(c->m), c->layers, (long long)castor_model_step(c->m),
                (long long)castor_model_epoch(c->m));
-        printf("%-10s loss %.4f", "test:", mt->loss);
+        printf("%-10s loss ", "test:");
+        cli_print_loss(stdout, mt->loss);
         if (!isnan(mt->accuracy))
             printf("  accuracy %.4f", mt->accuracy);
         printf("  (%zu samples from %s)\n", mt->samples, c->data_dir);
@@ -337,8 +339,11 @@ static int predict_report(const model_cmd *c, const prediction *pr, size_t n)
         printf("%-7s %-9s %-11s %s\n", "sample", "predicted", is_mse(c) ? "output" : "probability",
                "label");
         for (size_t i = 0; i < n; i++) {
-            printf("%-7zu %-9d %-11.4f ", i, pr[i].predicted,
-                   is_mse(c) ? pr[i].output : pr[i].probability);
+            double shown = is_mse(c) ? pr[i].output : pr[i].probability;
+            if (isnan(shown))  /* a diverged model: "nan", as train shows it, not "-nan" */
+                printf("%-7zu %-9d %-11s ", i, pr[i].predicted, "nan");
+            else
+                printf("%-7zu %-9d %-11.4f ", i, pr[i].predicted, shown);
             if (pr[i].label >= 0)
                 printf("%d%s\n", pr[i].label, pr[i].label == pr[i].predicted ? "" : "  (wrong)");
             else
