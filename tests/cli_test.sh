@@ -825,6 +825,13 @@ expect_error 2 "--checkpoint-every without --checkpoint-dir" "${TRAIN[@]}" --che
 expect_error 2 "--keep without --checkpoint-dir" "${TRAIN[@]}" --keep 2
 expect_error 2 "--checkpoint-every 0" "${TRAIN[@]}" --checkpoint-dir "$T/ck-new" --checkpoint-every 0
 expect_error 2 "--checkpoint-every weekly" "${TRAIN[@]}" --checkpoint-dir "$T/ck-new" --checkpoint-every weekly
+grep -q "give a number of steps or 'epoch'" "$T/err" || bad "the error does not say what is wanted" "$(cat "$T/err")"
+run "${TRAIN[@]}" --epochs 1 --batch 64 --checkpoint-dir "$T/ck-EPOCH" --checkpoint-every EPOCH --quiet
+if [[ $rc -eq 0 && -e "$T/ck-EPOCH/ckpt-000000000008.safetensors" ]]; then
+    ok "--checkpoint-every EPOCH, in any case as the other names"
+else
+    bad "--checkpoint-every EPOCH: status $rc" "$(cat "$T/err")"
+fi
 expect_error 2 "--keep 0" "${TRAIN[@]}" --checkpoint-dir "$T/ck-new" --keep 0
 expect_error 2 "--save a directory" "${TRAIN[@]}" --epochs 1 --save "$T"
 # Refused before training, the path named once (it was after training, twice).

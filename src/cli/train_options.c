@@ -4,6 +4,7 @@
  * rejects the combinations of flags that make no sense before anything
  * expensive (devices, data) is touched.
  */
+#include <ctype.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -267,10 +268,14 @@ int train_parse_args(train_opts *o, int argc, char **argv)
         case F_CHECKPOINT_DIR: o->checkpoint_dir = v; break;
         case F_CHECKPOINT_EVERY:
             o->every_set = 1;
-            if (strcmp(v, "epoch") == 0)
+            if (strcasecmp(v, "epoch") == 0)
                 o->checkpoint_every = CKPT_EVERY_EPOCH;
-            else
+            else if (isdigit((unsigned char)v[0]) || v[0] == '-' || v[0] == '+')
                 bad = cli_parse_int(name, v, 1, 0x7fffffff, &o->checkpoint_every);
+            else {
+                cli_errorf("--%s '%s': give a number of steps or 'epoch'", name, v);
+                bad = 1;
+            }
             break;
         case F_KEEP:
             bad = cli_parse_int(name, v, 1, 1000000, &o->keep);
