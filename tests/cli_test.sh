@@ -142,7 +142,7 @@ else
 fi
 
 expect_error 2 "castor version with an argument" version extra
-for how in "version --help" "help version"; do
+for how in "version --help" "help version" "--help version"; do
     # shellcheck disable=SC2086
     run $how
     if [[ $rc -eq 0 ]] && grep -q '^usage: castor version' "$T/out"; then
@@ -152,6 +152,14 @@ for how in "version --help" "help version"; do
     fi
 done
 expect_error 2 "castor --version with an argument" --version junk
+for how in "help --help" "help -h"; do
+    # shellcheck disable=SC2086
+    run $how
+    if [[ $rc -eq 0 ]] && grep -q '^usage: castor <command>' "$T/out"; then ok "castor $how"; else bad "castor $how: status $rc" "$(cat "$T/err")"; fi
+done
+run --help train
+if [[ $rc -eq 0 ]] && grep -q '^usage: castor train' "$T/out"; then ok "castor --help train"; else bad "castor --help train: status $rc" "$(head -3 "$T/out")"; fi
+expect_error 2 "castor --help with an unknown command" --help bogus
 
 # Output that cannot be written is a failure (status 1 and a message), not 0.
 if [[ -w /dev/full ]]; then

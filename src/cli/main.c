@@ -88,7 +88,7 @@ static int help(int argc, char **argv)
 #endif
     else if (strcmp(cmd, "version") == 0)
         version_usage(stdout);
-    else if (strcmp(cmd, "help") == 0)
+    else if (strcmp(cmd, "help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0)
         castor_cli_usage(stdout);
     else {
         cli_errorf("help: unknown command '%s' (see 'castor --help')", cmd);
@@ -121,10 +121,8 @@ static int dispatch(int argc, char **argv)
 #endif
     if (strcmp(cmd, "help") == 0)
         return help(sub_argc, sub_argv);
-    if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0) {
-        castor_cli_usage(stdout);
-        return CLI_EXIT_OK;
-    }
+    if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0)
+        return help(sub_argc, sub_argv); /* castor --help train: as castor help train */
     if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0)
         return print_version(sub_argc, sub_argv);
     if (cmd[0] == '-')
