@@ -919,6 +919,16 @@ expect_error 1 "--data <1 KB path> without the files" train --data "$LONG" --epo
 grep -q "$(printf 'd%.0s' {1..20}): missing train-images-idx3-ubyte" "$T/err" ||
     bad "the reason was cut off" "$(tail -c 200 "$T/err")"
 
+# A --checkpoint-dir whose checkpoint names would be too long: refused (2)
+# before any directory is made (it made the 17 of them, then refused).
+TOOLONG="$T/toolong"
+while [[ ${#TOOLONG} -lt 4060 ]]; do TOOLONG="$TOOLONG/$(printf 'e%.0s' {1..200})"; done
+TOOLONG=${TOOLONG:0:4080}
+expect_error 2 "--checkpoint-dir whose checkpoints' names are too long" "${TRAIN[@]}" --epochs 1 \
+    --checkpoint-dir "$TOOLONG"
+grep -q 'path too long$' "$T/err" || bad "the error does not say why" "$(tail -c 100 "$T/err")"
+[[ ! -e "$T/toolong" ]] || bad "directories were made for it" "$(find "$T/toolong" | wc -l)"
+
 # ---- a --checkpoint-dir given with a trailing slash names files without "//" ---------------
 run "${TRAIN[@]}" --epochs 1 --batch 64 --checkpoint-dir "$T/ck-slash/" --quiet
 if [[ $rc -eq 0 ]] && ! grep -q '//' "$T/out" "$T/err" &&

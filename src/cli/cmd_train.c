@@ -314,6 +314,12 @@ static int prepare_outputs(train_run *r)
         }
     }
     if (r->o.checkpoint_dir) {
+        /* Before any directory is made for it. */
+        char probe[CLI_PATH_MAX];
+        if (cli_ckpt_path(probe, sizeof probe, r->o.checkpoint_dir, 0) != 0) {
+            cli_errorf("--checkpoint-dir %s: path too long", r->o.checkpoint_dir);
+            return CLI_EXIT_USAGE;
+        }
         if (cli_mkdir_p(r->o.checkpoint_dir, r->ckpt_dir_made, sizeof r->ckpt_dir_made, err,
                         sizeof err) != 0) {
             cli_errorf("--checkpoint-dir %s", err);
@@ -325,11 +331,6 @@ static int prepare_outputs(train_run *r)
             cli_errorf("--checkpoint-dir %s: cannot write in it: %s", r->o.checkpoint_dir,
                        strerror(errno));
             return CLI_EXIT_RUNTIME;
-        }
-        char probe[CLI_PATH_MAX];
-        if (cli_ckpt_path(probe, sizeof probe, r->o.checkpoint_dir, 0) != 0) {
-            cli_errorf("--checkpoint-dir %s: path too long", r->o.checkpoint_dir);
-            return CLI_EXIT_USAGE;
         }
         if ((rc = check_checkpoint_dir(r)) != 0)
             return rc;

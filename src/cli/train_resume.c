@@ -132,7 +132,7 @@ int train_resume(train_run *r)
     } else if (snprintf(r->resumed_from, sizeof r->resumed_from, "%s", from) >=
                (int)sizeof r->resumed_from) {
         cli_errorf("--resume %s: path too long", from);
-        return CLI_EXIT_RUNTIME;
+        return CLI_EXIT_USAGE;
     }
     const char *path = r->resumed_from;
 
