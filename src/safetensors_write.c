@@ -5,16 +5,11 @@
 #endif
 #include "safetensors.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
-#include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
 
+#include "atomic_file.h"
 #include "castor.h"
 #include "util.h"
 
@@ -85,25 +80,6 @@ static void sb_json_str(sbuf *b, const char *s)
     sb_put(b, "\"", 1);
 }
 
-static int write_all(int fd, const void *data, size_t len)
-{
-    const unsigned char *p = data;
-    while (len) {
-        size_t chunk = len > ((size_t)1 << 30) ? ((size_t)1 << 30) : len;
-        ssize_t w = write(fd, p, chunk);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return -1;
-        if (w == 0) {
-            errno = EIO;
-            return -1;
-        }
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
 
 /* Build the header; fills *header (padded so that 8 + length is a multiple
  * of 8) and *data_len. */
@@ -191,39 +167,10 @@ static int build_header(const char *path, const castor__st_out *tensors, size_t 
  * (mkostemp makes 0600; reading the umask to fchmod after is racy, umask()
  * sets it process-wide, or Linux-only, /proc/self/status, and blind to
  * default ACLs.) Returns the descriptor, or -1 with errno. */
-static int create_temporary(char *tmp, size_t plen, mode_t mode)
-{
-    static const char digits[] =
-        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    char *x = tmp + plen + 5;
-    for (int attempt = 0; attempt < 1000; attempt++) {
-        uint64_t r = 0;
-        if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) {
-            /* No entropy yet: time, process and attempt, mixed (splitmix64).
-             * O_EXCL keeps a guessed name from doing harm. */
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            r = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ ((uint64_t)getpid() << 42) ^
-                (uint64_t)(uintptr_t)&ts ^ ((uint64_t)attempt << 20);
-            r += 0x9E3779B97F4A7C15ull;
-            r = (r ^ (r >> 30)) * 0xBF58476D1CE4E5B9ull;
-            r = (r ^ (r >> 27)) * 0x94D049BB133111EBull;
-            r ^= r >> 31;
-        }
-        for (int i = 0; i < 6; i++, r /= 62)
-            x[i] = digits[r % 62];
-        int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, mode);
-        if (fd >= 0 || errno != EEXIST)
-            return fd;
-    }
-    errno = EEXIST;
-    return -1;
-}
 
 int castor__st_write(const char *path, const castor__st_out *tensors, size_t n_tensors,
                      const castor__st_kv *meta, size_t n_meta, char *err, size_t errlen)
 {
-    char eb[128];
     if (!path || !*path) {
         castor__errf(err, errlen, "no file name given");
         return CASTOR_INVALID;
@@ -232,26 +179,6 @@ int castor__st_write(const char *path, const castor__st_out *tensors, size_t n_t
         castor__errf(err, errlen, "%s: no tensors or metadata given", path);
         return CASTOR_INVALID;
     }
-    /* A new file gets what open() makes of 0666 (the umask, or the
-     * directory's default ACL), as any file a program creates. An existing
-     * file keeps its permissions: the temporary file is made 0600, so that
-     * no one it does not allow can open it meanwhile, then given them. */
-    struct stat st;
-    int keep_mode = 0;
-    mode_t mode = 0;
-    if (stat(path, &st) == 0) {
-        if (S_ISDIR(st.st_mode)) {
-            castor__errf(err, errlen, "%s: is a directory", path);
-            return CASTOR_IO;
-        }
-        if (!S_ISREG(st.st_mode)) {
-            castor__errf(err, errlen, "%s: exists and is not a regular file", path);
-            return CASTOR_IO;
-        }
-        mode = st.st_mode & 07777;
-        keep_mode = 1;
-    }
-
     sbuf hb = {0};
     size_t data_len = 0;
     int rc = build_header(path, tensors, n_tensors, meta, n_meta, &hb, &data_len, err, errlen);
@@ -260,105 +187,25 @@ int castor__st_write(const char *path, const castor__st_out *tensors, size_t n_t
         return rc;
     }
 
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + sizeof ".tmp.XXXXXX");
-    char *dir = malloc(plen + 2);
-    if (!tmp || !dir) {
-        free(tmp);
-        free(dir);
+    castor__atomic_file af;
+    if ((rc = castor__atomic_begin(&af, path, err, errlen))) {
         free(hb.p);
-        castor__errf(err, errlen, "%s: out of memory", path);
-        return CASTOR_NOMEM;
+        return rc;
     }
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp.XXXXXX", sizeof ".tmp.XXXXXX");
-    /* The directory to fsync after the rename. */
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        strcpy(dir, ".");
-    else if (slash == path)
-        strcpy(dir, "/");
-    else {
-        memcpy(dir, path, (size_t)(slash - path));
-        dir[slash - path] = '\0';
-    }
-
-    const char *what = NULL;
-    int created = 0;
-    int fd = create_temporary(tmp, plen, keep_mode ? 0600 : 0666);
-    if (fd < 0) {
-        what = "cannot create the temporary file";
-        goto fail;
-    }
-    created = 1;
     unsigned char lenbuf[8];
     uint64_t hlen = hb.len;
     for (int i = 0; i < 8; i++)
         lenbuf[i] = (unsigned char)(hlen >> (8 * i));
-    if (keep_mode && fchmod(fd, mode) != 0) {
-        what = "cannot set the permissions of the temporary file";
-        goto fail;
-    }
-    if (write_all(fd, lenbuf, 8) || write_all(fd, hb.p, hb.len)) {
-        what = "write failed";
-        goto fail;
-    }
-    for (size_t i = 0; i < n_tensors; i++) {
+    int failed = castor__atomic_write(&af, lenbuf, 8) || castor__atomic_write(&af, hb.p, hb.len);
+    for (size_t i = 0; i < n_tensors && !failed; i++) {
         size_t count = 1;
         for (int d = 0; d < tensors[i].rank; d++)
             count *= tensors[i].shape[d];  /* checked in build_header */
-        if (count && write_all(fd, tensors[i].data, count * sizeof(float))) {
-            what = "write failed";
-            goto fail;
-        }
+        failed = count && castor__atomic_write(&af, tensors[i].data, count * sizeof(float));
     }
-    if (fsync(fd) != 0) {
-        what = "fsync failed";
-        goto fail;
-    }
-    int cfd = fd;
-    fd = -1;
-    if (close(cfd) != 0) {
-        what = "close failed";
-        goto fail;
-    }
-    if (rename(tmp, path) != 0) {
-        what = "cannot rename the temporary file over it";
-        goto fail;
-    }
-    /* The rename is durable once the directory is. A filesystem that cannot
-     * fsync a directory (EINVAL) has nothing more to do. */
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0 || (fsync(dfd) != 0 && errno != EINVAL)) {
-        int e = errno;
-        if (dfd >= 0)
-            close(dfd);
-        castor__errf(err, errlen, "%s: written, but fsync of the directory %s failed (the file "
-                     "may not survive a crash): %s", path, dir, castor__strerror(e, eb, sizeof eb));
-        free(tmp);
-        free(dir);
-        free(hb.p);
-        return CASTOR_IO;
-    }
-    close(dfd);
-    free(tmp);
-    free(dir);
+    /* (errno still the write's when abort reads it) */
+    rc = failed ? castor__atomic_abort(&af, "write failed", err, errlen)
+                : castor__atomic_commit(&af, err, errlen);
     free(hb.p);
-    return CASTOR_OK;
-
-fail: {
-        int e = errno;
-        if (fd >= 0)
-            close(fd);
-        if (created)
-            unlink(tmp);
-        /* The reason before the temporary file's name: with a long path the
-         * message is cut at the end, and the reason is what matters. */
-        castor__errf(err, errlen, "%s: %s: %s (the temporary file %s)", path, what,
-                     castor__strerror(e, eb, sizeof eb), tmp);
-        free(tmp);
-        free(dir);
-        free(hb.p);
-        return CASTOR_IO;
-    }
+    return rc;
 }

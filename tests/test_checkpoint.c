@@ -5,6 +5,7 @@
  * safetensors.
  */
 #include <criterion/criterion.h>
+#include <limits.h>
 #include <dirent.h>
 #include <locale.h>
 #include <math.h>
@@ -550,4 +551,24 @@ Test(checkpoint, a_long_device_list_is_recorded_whole)
     support_rmrf(dir);
     free(dir);
     free(path);
+}
+
+Test(checkpoint, a_file_name_near_name_max_saves)
+{
+    /* The temporary file was the name + ".tmp.XXXXXX": past NAME_MAX for
+     * names of 245..255 bytes, which the file system itself takes. */
+    fixture fx;
+    ckpt_setup(&fx);
+    char name[NAME_MAX + 1];
+    memset(name, 'n', NAME_MAX);
+    memcpy(name + NAME_MAX - strlen(".safetensors"), ".safetensors", strlen(".safetensors"));
+    name[NAME_MAX] = '\0';
+    char *path = ckpt_path_in(fx.dir, name);
+    cr_assert_eq(castor_model_save(fx.m, path), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
+    cr_assert_eq(castor_model_load(fx.m, path), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
+    /* again, over the file: and nothing else is left in the directory */
+    cr_assert_eq(castor_model_save(fx.m, path), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
+    cr_assert_eq(dir_entries(fx.dir, NULL), 2, "good.safetensors and the long one");
+    free(path);
+    ckpt_teardown(&fx);
 }
