@@ -502,16 +502,20 @@ int castor_cli_bench(int argc, char **argv)
     bench_print_limits(stdout, &c, &L);
     bench_print_table(stdout, &c, res, total);
 
-    char path[4200];
+    char path[4200], why[sizeof path + 512];
     int out_failed = 0;
+    /* The last run's plot goes first: it must not stay beside new numbers,
+     * or beside a mix of old and new if one of the files fails. */
+    snprintf(path, sizeof path, "%s/bench.png", c.out_dir);
+    unlink(path);
     snprintf(path, sizeof path, "%s/bench.csv", c.out_dir);
-    if (bench_write_csv(path, &c, res, total)) {
-        cli_errorf("bench: cannot write %s: %s", path, strerror(errno));
+    if (bench_write_csv(path, &c, res, total, why, sizeof why)) {
+        cli_errorf("bench: cannot write %s", why);
         out_failed = 1;
     }
     snprintf(path, sizeof path, "%s/bench.json", c.out_dir);
-    if (bench_write_json(path, &c, &L, res, total, wall)) {
-        cli_errorf("bench: cannot write %s: %s", path, strerror(errno));
+    if (bench_write_json(path, &c, &L, res, total, wall, why, sizeof why)) {
+        cli_errorf("bench: cannot write %s", why);
         out_failed = 1;
     }
     if (!out_failed) {

@@ -190,9 +190,12 @@ size_t bench_host_memory_allowance(void);
 /* ---- report.c ---- */
 void bench_print_limits(FILE *out, const bench_config *c, const bench_limits *L);
 void bench_print_table(FILE *out, const bench_config *c, const bench_result *r, int n);
-int bench_write_csv(const char *path, const bench_config *c, const bench_result *r, int n);
+/* Each file replaced whole or not at all; 0, or -1 with "PATH: why" in err. */
+int bench_write_csv(const char *path, const bench_config *c, const bench_result *r, int n,
+                    char *err, size_t errlen);
 int bench_write_json(const char *path, const bench_config *c, const bench_limits *L,
-                     const bench_result *r, int n, double wall_seconds);
+                     const bench_result *r, int n, double wall_seconds, char *err,
+                     size_t errlen);
 
 /* ---- plot.c ---- */
 /* Returns 0 on success, 1 when gnuplot is missing or failed (warned on

@@ -8,12 +8,15 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include <cjson/cJSON.h>
 
 #include "host/pool.h"
+#include "src/atomic_file.h"
 #include "src/cli/json.h"
 
 #define MIB (1024.0 * 1024.0)
@@ -207,11 +210,23 @@ static void csv_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
-int bench_write_csv(const char *path, const bench_config *c, const bench_result *r, int n)
+/* Text built in memory, then put in place whole (src/atomic_file.h): a
+ * failed write leaves the last run's file, never half of this one's. */
+static int write_whole(const char *path, const char *text, size_t len, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "w");
-    if (!f)
+    return castor__atomic_write_file(path, text, len, err, errlen) == CASTOR_OK ? 0 : -1;
+}
+
+int bench_write_csv(const char *path, const bench_config *c, const bench_result *r, int n,
+                    char *err, size_t errlen)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) {
+        snprintf(err, errlen, "%s: out of memory", path);
         return -1;
+    }
     fprintf(f, "strategy,devices,replicas,optimizer,width,depth,batch,params,ok,error,steps,"
                "step_median_s,step_min_s,step_max_s,samples_per_s,h2d_bytes_per_step,"
                "d2h_bytes_per_step,bus_bytes_per_s,seconds_replicas,seconds_reduce,"
@@ -261,10 +276,15 @@ int bench_write_csv(const char *path, const bench_config *c, const bench_result 
         csv_num(f, "%.6g", x->loss);
         fputc('\n', f);
     }
-    int err = ferror(f);
-    if (fclose(f) != 0 || err)
+    int failed = ferror(f);
+    if (fclose(f) != 0 || failed) {
+        free(text);
+        snprintf(err, errlen, "%s: out of memory", path);
         return -1;
-    return 0;
+    }
+    int rc = write_whole(path, text, len, err, errlen);
+    free(text);
+    return rc;
 }
 
 /* ---- JSON --------------------------------------------------------------- */
@@ -426,11 +446,12 @@ static cJSON *json_run(const bench_config *c, const bench_result *x)
 }
 
 int bench_write_json(const char *path, const bench_config *c, const bench_limits *L,
-                     const bench_result *r, int n, double wall_seconds)
+                     const bench_result *r, int n, double wall_seconds, char *err,
+                     size_t errlen)
 {
     cJSON *root = cJSON_CreateObject();
     if (!root) {
-        errno = ENOMEM;
+        snprintf(err, errlen, "%s: out of memory", path);
         return -1;
     }
     char when[64] = "";
@@ -467,14 +488,19 @@ int bench_write_json(const char *path, const bench_config *c, const bench_limits
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
     if (!text) {
-        errno = ENOMEM;
+        snprintf(err, errlen, "%s: out of memory", path);
         return -1;
     }
-    FILE *f = fopen(path, "w");
+    size_t len = strlen(text);
+    char *line = malloc(len + 2);
     int rc = -1;
-    if (f) {
-        int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-        rc = fclose(f) == 0 && ok ? 0 : -1;
+    if (!line)
+        snprintf(err, errlen, "%s: out of memory", path);
+    else {
+        memcpy(line, text, len);
+        line[len] = '\n';
+        rc = write_whole(path, line, len + 1, err, errlen);
+        free(line);
     }
     cJSON_free(text);
     return rc;

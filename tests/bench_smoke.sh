@@ -113,6 +113,25 @@ else
 fi
 chmod 700 "$T"
 
+# Results that cannot be written whole (here a 1 KiB file size limit, with
+# SIGXFSZ ignored so that the write fails with EFBIG) leave the last run's
+# files as they were, not cut short, no temporary file, and no old plot
+# beside new numbers (bench.json was left truncated and bench.png kept).
+FULL="$T/full"
+mkdir -p "$FULL"
+python3 -c 'print("{\"old\": true}")' >"$FULL/bench.json"
+echo old-plot >"$FULL/bench.png"
+(trap '' XFSZ; ulimit -f 1; exec "$BIN" bench --quick --widths 8 --batches 8 --steps 1 --warmup 0 \
+    --input 16 --out "$FULL") >"$T/out" 2>"$T/err"
+rc=$?
+if [[ $rc -eq 1 ]] && grep -q "^castor: bench: cannot write $FULL/bench.json: write failed: File too large" "$T/err" &&
+    [[ "$(cat "$FULL/bench.json")" == '{"old": true}' && ! -e "$FULL/bench.png" ]] &&
+    [[ $(find "$FULL" -name '*.tmp.*' | wc -l) -eq 0 ]]; then
+    ok "results that cannot be written whole: the old file kept, no temporary file, no old plot"
+else
+    bad "results that cannot be written whole: status $rc" "$(cat "$T/err"; ls -la "$FULL"; head -c 200 "$FULL/bench.json")"
+fi
+
 # ---- a quick run ----
 OUT="$T/out dir"  # a space in the path, for the gnuplot script's quoting
 start=$(date +%s%N)
