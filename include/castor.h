@@ -27,7 +27,12 @@
  *   - the library never prints and never exits: logging goes to the
  *     callback given in castor_strategy_options;
  *   - separate handles may be used from separate threads at once; one handle
- *     must not be used from two threads at once.
+ *     must not be used from two threads at once. One exception outside
+ *     castor: it reads checkpoint headers with cJSON, whose error pointer
+ *     (cJSON_GetErrorPtr) is one for the whole process and is written by
+ *     every parse, castor's too; an application that reads it must not load
+ *     checkpoints on another thread meanwhile (castor itself never reads it,
+ *     and its own parses take turns).
  */
 #ifndef CASTOR_H
 #define CASTOR_H

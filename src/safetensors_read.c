@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -506,7 +507,13 @@ int castor__st_parse(const unsigned char *bytes, size_t len, const char *name,
     }
     memcpy(text, header, n);
     const char *end = NULL;
+    /* cJSON writes a process-wide error position on every parse: castor's
+     * threads take turns, so that they never write it at once (the only
+     * state castor shares between handles; see castor.h). */
+    static pthread_mutex_t cjson_parse = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&cjson_parse);
     cJSON *root = cJSON_ParseWithLengthOpts(text, n, &end, 0);
+    pthread_mutex_unlock(&cjson_parse);
     if (!root) {
         size_t at = end && end >= text && end <= text + n ? (size_t)(end - text) : 0;
         free(text);
