@@ -19,8 +19,12 @@
  * Streams: every operation names the stream it is queued on. Work on one
  * stream runs in order; streams are ordered against each other only by
  * events (event_record on one, stream_wait on another). Host memory passed to
- * copies must stay valid until the stream is synchronized. All matrices are
- * row-major float32.
+ * copies must stay valid, and unchanged, until the stream is synchronized,
+ * and a copy's destination holds the result only then. The CPU backend
+ * holds callers to these rules (cpu/cpu_streams.h): its work runs when the
+ * host synchronizes, and an access that no event orders against a
+ * conflicting one on another stream is CASTOR_MISUSE. A failure of queued
+ * work may surface only at synchronize. All matrices are row-major float32.
  */
 #ifndef CASTOR_DEVICE_H
 #define CASTOR_DEVICE_H

@@ -37,11 +37,20 @@ void *cpu_dalloc(size_t bytes)
     return d;
 }
 
+void cpu_put(void *d, const void *h, size_t bytes)
+{
+    /* Ordered after what was queued before on the compute stream, and done
+     * before h is reused: the copy runs when the device synchronizes. */
+    cr_assert_eq(cpu_dev->iface->synchronize(cpu_dev), CASTOR_OK, "%s", cpu_dev->errmsg);
+    cr_assert_eq(cdev_copy_h2d(cpu_dev, CDEV_STREAM_H2D, d, h, bytes), CASTOR_OK, "%s",
+                 cpu_dev->errmsg);
+    cr_assert_eq(cpu_dev->iface->synchronize(cpu_dev), CASTOR_OK, "%s", cpu_dev->errmsg);
+}
+
 float *cpu_up(const float *h, size_t n)
 {
     float *d = cpu_dalloc(n * sizeof(float));
-    cr_assert_eq(cdev_copy_h2d(cpu_dev, CDEV_STREAM_H2D, d, h, n * sizeof(float)), CASTOR_OK,
-                 "%s", cpu_dev->errmsg);
+    cpu_put(d, h, n * sizeof(float));
     return d;
 }
 
@@ -49,8 +58,12 @@ float *cpu_down(const float *d, size_t n)
 {
     float *h = malloc((n ? n : 1) * sizeof *h);
     cr_assert_not_null(h);
+    /* What was queued on the compute stream first, with nothing to order
+     * the copy stream after it but this; then the copy itself. */
+    cr_assert_eq(cpu_dev->iface->synchronize(cpu_dev), CASTOR_OK, "%s", cpu_dev->errmsg);
     cr_assert_eq(cdev_copy_d2h(cpu_dev, CDEV_STREAM_D2H, h, d, n * sizeof(float)), CASTOR_OK,
                  "%s", cpu_dev->errmsg);
+    cr_assert_eq(cpu_dev->iface->synchronize(cpu_dev), CASTOR_OK, "%s", cpu_dev->errmsg);
     return h;
 }
 

@@ -24,7 +24,10 @@ void cpu_dev_teardown(void);
 /* n floats uniform in [-scale, scale), malloc'd. */
 float *cpu_randu(size_t n, float scale);
 void *cpu_dalloc(size_t bytes);
-/* Host data onto the device, the way a replica does it; and back (malloc'd). */
+/* Host data onto the device, the way a replica does it, each copy ordered
+ * after the work queued before it and finished when it returns: into d, or
+ * into new device memory; and back (malloc'd). */
+void cpu_put(void *d, const void *h, size_t bytes);
 float *cpu_up(const float *h, size_t n);
 float *cpu_down(const float *d, size_t n);
 void cpu_release(void *d, size_t n_floats);

@@ -38,7 +38,7 @@ Test(cpu_device, copies_really_copy)
 
     float *d2 = cpu_dalloc(4 * sizeof(float));
     float h2[4] = {5, 6, 7, 8};
-    cr_assert_eq(cdev_copy_h2d(cpu_dev, CDEV_STREAM_H2D, d, h2, sizeof h2), CASTOR_OK);
+    cpu_put(d, h2, sizeof h2);
     cr_assert_eq(cpu_dev->iface->copy_d2d(cpu_dev, CDEV_STREAM_COMPUTE, d2, d, sizeof h2),
                  CASTOR_OK);
     cr_assert_eq(cpu_dev->iface->memset0(cpu_dev, CDEV_STREAM_COMPUTE, d, sizeof h2), CASTOR_OK);
@@ -182,18 +182,31 @@ static void *gemm_thread(void *arg)
     cdev *d = j->dev;
     size_t na = (size_t)j->m * j->k, nb = (size_t)j->k * j->n, nc = (size_t)j->m * j->n;
     void *da = NULL, *db = NULL, *dc = NULL;
+    cdev_event *uploaded = NULL, *computed = NULL;
     if ((j->rc = castor__cdev_alloc(d, na * sizeof(float), &da)) ||
         (j->rc = castor__cdev_alloc(d, nb * sizeof(float), &db)) ||
         (j->rc = castor__cdev_alloc(d, nc * sizeof(float), &dc)))
         goto out;
-    cdev_copy_h2d(d, CDEV_STREAM_H2D, da, j->a, na * sizeof(float));
-    cdev_copy_h2d(d, CDEV_STREAM_H2D, db, j->b, nb * sizeof(float));
+    /* As a replica orders its streams: inputs, then the products, then the result. */
+    if ((j->rc = d->iface->event_create(d, &uploaded)) ||
+        (j->rc = d->iface->event_create(d, &computed)) ||
+        (j->rc = cdev_copy_h2d(d, CDEV_STREAM_H2D, da, j->a, na * sizeof(float))) ||
+        (j->rc = cdev_copy_h2d(d, CDEV_STREAM_H2D, db, j->b, nb * sizeof(float))) ||
+        (j->rc = d->iface->event_record(d, uploaded, CDEV_STREAM_H2D)) ||
+        (j->rc = d->iface->stream_wait(d, CDEV_STREAM_COMPUTE, uploaded)))
+        goto out;
     for (int r = 0; r < j->reps && !j->rc; r++)
         j->rc = d->iface->gemm(d, 0, 0, j->m, j->n, j->k, 1.0f, da, j->k, db, j->n, 0.0f, dc,
                                j->n);
-    if (!j->rc)
-        j->rc = cdev_copy_d2h(d, CDEV_STREAM_D2H, j->c, dc, nc * sizeof(float));
+    if (!j->rc && !(j->rc = d->iface->event_record(d, computed, CDEV_STREAM_COMPUTE)) &&
+        !(j->rc = d->iface->stream_wait(d, CDEV_STREAM_D2H, computed)) &&
+        !(j->rc = cdev_copy_d2h(d, CDEV_STREAM_D2H, j->c, dc, nc * sizeof(float))))
+        j->rc = d->iface->synchronize(d);
 out:
+    if (uploaded)
+        d->iface->event_destroy(d, uploaded);
+    if (computed)
+        d->iface->event_destroy(d, computed);
     castor__cdev_free(d, da, na * sizeof(float));
     castor__cdev_free(d, db, nb * sizeof(float));
     castor__cdev_free(d, dc, nc * sizeof(float));
