@@ -92,7 +92,8 @@ typedef struct bench_limits {
      * threads (fastest of a few trials): the host term of the bounds. */
     struct bench_host_cost *host_costs;
     int n_host_costs;
-    int same_gpu;             /* every replica on one GPU (mirrored sums there) */
+    int same_device;          /* every replica on one GPU, or on one emulated device
+                                 (cpu:1xK): mirrored sums there */
     int distinct_gpus;        /* every replica on its own GPU (mirrored uses NCCL) */
     bench_gemm *gemms;
     int n_gemms, cap_gemms;

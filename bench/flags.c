@@ -33,8 +33,8 @@ enum {
 static const cli_flag bench_flags[F_COUNT + 1] = {
     [F_DEVICES] = {"devices", "LIST", "cpu:2",
                    "the replicas, as for castor train: cpu:N (N emulated CPU devices),\n"
-                   "cuda:0 (one GPU), cuda:0x2 (two replicas sharing GPU 0),\n"
-                   "cuda:0,cuda:1, cuda (every GPU)"},
+                   "cpu:1x2 (two replicas sharing one), cuda:0 (one GPU), cuda:0x2\n"
+                   "(two replicas sharing GPU 0), cuda:0,cuda:1, cuda (every GPU)"},
     [F_STRATEGIES] = {"strategies", "LIST", "central,mirrored", "the strategies to compare"},
     [F_WIDTHS] = {"widths", "LIST", "256,1024,2048 (--quick: 64,256)",
                   "units of each hidden layer, comma separated, 1 to 65536"},

@@ -158,7 +158,7 @@ static int devset_add(devset *ds, cdev *dev)
 }
 
 /* The devices castor_strategy_create opens for the list (the same parser):
- * cpu, cpu:N, cuda, cuda:I, cuda:IxK. */
+ * cpu, cpu:N, cpu:NxK, cuda, cuda:I, cuda:IxK. */
 static int devset_open(devset *ds, const bench_config *c, char *err, size_t errlen)
 {
     memset(ds, 0, sizeof *ds);
@@ -166,18 +166,20 @@ static int devset_open(devset *ds, const bench_config *c, char *err, size_t errl
     int n_entries = 0;
     if (castor__device_list_parse(c->devices, entries, &n_entries, err, errlen))
         return -1;
+    int cpu_ordinal = 0;
     for (int i = 0; i < n_entries; i++) {
         const castor__device_entry *e = &entries[i];
         cdev *dev = NULL;
         if (!e->cuda) {
             size_t budget = c->device_memory > CPU_LIMIT_BUDGET ? c->device_memory
                                                                  : CPU_LIMIT_BUDGET;
-            for (int j = 0; j < e->replicas; j++) {
-                if (castor__cdev_cpu_create(ds->n, budget, &dev, err, errlen))
-                    return -1;
-                if (devset_add(ds, dev))
-                    goto too_many;
-            }
+            for (int j = 0; j < e->replicas; j++, cpu_ordinal++)
+                for (int k = 0; k < e->shared; k++) {
+                    if (castor__cdev_cpu_create(cpu_ordinal, k, budget, &dev, err, errlen))
+                        return -1;
+                    if (devset_add(ds, dev))
+                        goto too_many;
+                }
             continue;
         }
         const char *why = NULL;
@@ -499,11 +501,11 @@ int bench_limits_measure(const bench_config *c, bench_limits *L)
         L->gpus += first;
     }
     /* As src/mirrored.c chooses its all-reduce. */
-    L->same_gpu = ds.cuda == ds.n;
+    L->same_device = ds.cuda == ds.n || ds.cuda == 0;
     L->distinct_gpus = ds.cuda == ds.n;
     for (int i = 1; i < ds.n; i++) {
         if (ds.dev[i]->ordinal != ds.dev[0]->ordinal)
-            L->same_gpu = 0;
+            L->same_device = 0;
         for (int j = 0; j < i; j++)
             if (ds.dev[j]->ordinal == ds.dev[i]->ordinal)
                 L->distinct_gpus = 0;
@@ -565,10 +567,10 @@ int bench_mirrored_reduces_on_host(const bench_limits *L, const bench_result *r)
 {
     if (r->replicas <= 1)
         return 0;
-    if (L->cpu_devices > 0 || !(L->same_gpu || L->distinct_gpus))
-        return 1;
-    if (L->same_gpu)
+    if (L->same_device)
         return 0;
+    if (L->cpu_devices > 0 || !L->distinct_gpus)
+        return 1;
     /* Distinct GPUs: NCCL, unless it could not start and the strategy fell
      * back to the host, which the run's own counters show: every replica's
      * gradient came down. */

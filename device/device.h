@@ -164,8 +164,12 @@ void castor__cdev_destroy(cdev *dev);
 
 /* ---- backends ---- */
 
-/* An emulated device on the host, doing GEMM with OpenBLAS. */
-int castor__cdev_cpu_create(int ordinal, size_t budget, cdev **out, char *err, size_t errlen);
+/* An emulated device on the host, doing GEMM with OpenBLAS: device
+ * `ordinal`, or logical replica `logical` of those that share it (named
+ * cpu:I#L when logical > 0, as on a GPU; their memory is one address space,
+ * so each may use the others' buffers). */
+int castor__cdev_cpu_create(int ordinal, int logical, size_t budget, cdev **out, char *err,
+                            size_t errlen);
 /* Threads OpenBLAS will use for one GEMM (process-wide, read only). */
 int castor__cdev_cpu_blas_threads(void);
 

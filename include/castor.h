@@ -119,6 +119,9 @@ typedef struct castor_strategy castor_strategy;
  * devices: a comma-separated list.
  *   "cpu"        one emulated CPU device
  *   "cpu:N"      N emulated CPU devices (N replicas)
+ *   "cpu:NxK"    N emulated CPU devices, each shared by K replicas (the
+ *                device's budget split between them): the emulated twin
+ *                of cuda:IxK, whose mirrored all-reduce runs on the device
  *   "cuda"       every GPU
  *   "cuda:0,cuda:1"  the GPUs listed
  *   "cuda:0x4"   four logical replicas sharing GPU 0

@@ -46,48 +46,61 @@ static int starts_with(const char *tok, size_t len, const char *word, size_t wle
     return len >= wlen && castor__ascii_ieqn(tok, word, wlen);
 }
 
+enum { TIMES_OK, TIMES_BAD_N, TIMES_BAD_K };
+
+/* "N" or "NxK" (x in either case) at text: N in [n_lo, n_hi] into *n, K
+ * (1..CASTOR__MAX_REPLICAS, 1 when absent) into *k; or which is bad. */
+static int parse_times(const char *text, size_t len, long n_lo, long n_hi, long *n, long *k)
+{
+    const char *end = text + len, *x = memchr(text, 'x', len);
+    if (!x)
+        x = memchr(text, 'X', len);
+    *k = x ? parse_count_n(x + 1, (size_t)(end - x - 1), 1, CASTOR__MAX_REPLICAS) : 1;
+    if (*k < 0)
+        return TIMES_BAD_K;
+    *n = parse_count_n(text, (size_t)((x ? x : end) - text), n_lo, n_hi);
+    return *n < 0 ? TIMES_BAD_N : TIMES_OK;
+}
+
 /* One entry, the len characters at tok (not NUL-terminated there). */
 static int parse_entry(const char *tok, size_t len, castor__device_entry *e, char *err,
                        size_t errlen)
 {
-    static const char *forms = "expected cpu, cpu:N, cuda, cuda:I or cuda:IxK";
+    static const char *forms = "expected cpu, cpu:N, cpu:NxK, cuda, cuda:I or cuda:IxK";
     char shown[80];  /* the entry as the message quotes it, cut if very long */
     snprintf(shown, sizeof shown, "%.*s%s", len < 64 ? (int)len : 64, tok, len < 64 ? "" : "...");
     memset(e, 0, sizeof *e);
-    e->replicas = 1;
+    e->replicas = e->shared = 1;
+    long n, k;
+    int bad;
     if (len == 3 && starts_with(tok, len, "cpu", 3))
         return CASTOR_OK;
-    if (starts_with(tok, len, "cpu:", 4)) {
-        long n = parse_count_n(tok + 4, len - 4, 1, CASTOR__MAX_REPLICAS);
-        if (n < 0)
+    int cpu = starts_with(tok, len, "cpu:", 4);
+    if (cpu || starts_with(tok, len, "cuda:", 5)) {
+        size_t skip = cpu ? 4 : 5;
+        bad = parse_times(tok + skip, len - skip, cpu ? 1 : 0, cpu ? CASTOR__MAX_REPLICAS : 1023,
+                          &n, &k);
+        if (bad == TIMES_BAD_K)
+            return list_fail(err, errlen,
+                             "bad device '%s': the replica count after x must be 1..%d", shown,
+                             CASTOR__MAX_REPLICAS);
+        if (bad && cpu)
             return list_fail(err, errlen, "bad device '%s': the count after cpu: must be 1..%d",
                              shown, CASTOR__MAX_REPLICAS);
-        e->replicas = (int)n;
+        if (bad)
+            return list_fail(err, errlen, "bad device '%s': %s", shown, forms);
+        if (cpu && n * k > CASTOR__MAX_REPLICAS)
+            return list_fail(err, errlen, "bad device '%s': %ld replicas, at most %d", shown,
+                             n * k, CASTOR__MAX_REPLICAS);
+        e->cuda = !cpu;
+        e->ordinal = cpu ? 0 : (int)n;
+        e->replicas = cpu ? (int)n : (int)k;
+        e->shared = cpu ? (int)k : 1;
         return CASTOR_OK;
     }
     if (len == 4 && starts_with(tok, len, "cuda", 4)) {
         e->cuda = 1;
         e->ordinal = -1;
-        return CASTOR_OK;
-    }
-    if (starts_with(tok, len, "cuda:", 5)) {
-        e->cuda = 1;
-        const char *num = tok + 5, *end = tok + len;
-        const char *x = memchr(num, 'x', (size_t)(end - num));
-        if (!x)
-            x = memchr(num, 'X', (size_t)(end - num));
-        if (x) {
-            long k = parse_count_n(x + 1, (size_t)(end - x - 1), 1, CASTOR__MAX_REPLICAS);
-            if (k < 0)
-                return list_fail(err, errlen,
-                                 "bad device '%s': the replica count after x must be 1..%d",
-                                 shown, CASTOR__MAX_REPLICAS);
-            e->replicas = (int)k;
-        }
-        long ord = parse_count_n(num, (size_t)((x ? x : end) - num), 0, 1023);
-        if (ord < 0)
-            return list_fail(err, errlen, "bad device '%s': %s", shown, forms);
-        e->ordinal = (int)ord;
         return CASTOR_OK;
     }
     return list_fail(err, errlen, "unknown device '%s' (%s)", shown, forms);

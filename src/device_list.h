@@ -1,6 +1,6 @@
 /*
  * The device list that castor_strategy_create and castor bench take:
- * "cpu", "cpu:N", "cuda", "cuda:I", "cuda:IxK", comma separated. Parsed
+ * "cpu", "cpu:N", "cpu:NxK", "cuda", "cuda:I", "cuda:IxK", comma separated. Parsed
  * whole before anything is opened, so a bad entry late in the list costs no
  * GPU context, and by one parser so that the bench opens the very devices
  * that training does.
@@ -18,6 +18,7 @@ typedef struct castor__device_entry {
     int cuda;      /* 0: emulated CPU devices */
     int ordinal;   /* the GPU; -1: every GPU ("cuda") */
     int replicas;  /* cpu:N gives N devices; cuda:IxK, K replicas on GPU I */
+    int shared;    /* cpu:NxK: K replicas share each of the N devices (else 1) */
 } castor__device_entry;
 
 /*

@@ -16,9 +16,11 @@
  *                  gradient is known to be good: a collective that one rank
  *                  never joins would hang the others, so a replica that
  *                  fails must fail before any rank has queued it.
- *   REDUCE_SHARED  logical replicas on one GPU (NCCL refuses two ranks on a
- *                  GPU): replica 0 adds the others' gradients in replica
- *                  order on the device, and the others copy the sum.
+ *   REDUCE_SHARED  logical replicas on one device (cuda:0xK; NCCL refuses two
+ *                  ranks on a GPU), or on one emulated device (cpu:1xK):
+ *                  replica 0 adds the others' gradients in replica order
+ *                  on the device, and the others copy the sum. On the CPU
+ *                  backend this too is bitwise the host's sum.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -199,20 +201,21 @@ static int choose_reduction(castor_model *m)
     castor__runtime *rt = m->rt;
     if (rt->n == 1)
         return REDUCE_NONE;
-    int all_cuda = 1, same_gpu = 1, distinct = 1;
+    int all_cuda = 1, same_device = 1, distinct = 1;
     for (int i = 0; i < rt->n; i++) {
         if (strcmp(s->devs[i]->iface->backend, "cuda") != 0)
             all_cuda = 0;
-        if (s->devs[i]->ordinal != s->devs[0]->ordinal)
-            same_gpu = 0;
+        if (s->devs[i]->ordinal != s->devs[0]->ordinal ||
+            strcmp(s->devs[i]->iface->backend, s->devs[0]->iface->backend) != 0)
+            same_device = 0;
         for (int j = 0; j < i; j++)
             if (s->devs[j]->ordinal == s->devs[i]->ordinal)
                 distinct = 0;
     }
+    if (same_device)
+        return REDUCE_SHARED;
     if (!all_cuda)
         return REDUCE_HOST;
-    if (same_gpu)
-        return REDUCE_SHARED;
 #ifdef CASTOR_HAVE_CUDA
     if (distinct) {
         int ordinals[CASTOR__MAX_REPLICAS];
@@ -240,7 +243,7 @@ static int mirrored_prepare(castor_model *m)
     if (rc)
         return rc;
     m->rt->reduce = choose_reduction(m);
-    static const char *const names[] = {"none", "host", "nccl", "device (shared GPU)"};
+    static const char *const names[] = {"none", "host", "nccl", "device (shared by the replicas)"};
     castor__log(m->strategy, CASTOR_LOG_INFO, "mirrored: all-reduce through %s",
                 names[m->rt->reduce]);
     return mirrored_push(m);

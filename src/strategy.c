@@ -50,20 +50,34 @@ static int add_device(castor_strategy *s, cdev *dev)
     return CASTOR_OK;
 }
 
+/* Emulated devices are numbered in list order: one past the last opened. */
+static int next_cpu_ordinal(const castor_strategy *s)
+{
+    int next = 0;
+    for (int i = 0; i < s->n_replicas; i++)
+        if (strcmp(s->devs[i]->iface->backend, "cpu") == 0 && s->devs[i]->ordinal >= next)
+            next = s->devs[i]->ordinal + 1;
+    return next;
+}
+
 static int open_entry(castor_strategy *s, const castor__device_entry *e)
 {
     char err[384] = "";
     cdev *dev = NULL;
     int rc;
     if (!e->cuda) {
-        size_t budget = s->opts.device_memory_budget ? s->opts.device_memory_budget
-                                                      : DEFAULT_CPU_BUDGET;
+        /* Replicas sharing an emulated device share its budget, as logical
+         * replicas share a GPU's memory. */
+        size_t budget = (s->opts.device_memory_budget ? s->opts.device_memory_budget
+                                                       : DEFAULT_CPU_BUDGET) / (size_t)e->shared;
         for (int i = 0; i < e->replicas; i++) {
-            int ordinal = s->n_replicas;
-            if ((rc = castor__cdev_cpu_create(ordinal, budget, &dev, err, sizeof err)))
-                return strategy_fail(s, rc, "%s", err);
-            if ((rc = add_device(s, dev)))
-                return rc;
+            int ordinal = next_cpu_ordinal(s);
+            for (int k = 0; k < e->shared; k++) {
+                if ((rc = castor__cdev_cpu_create(ordinal, k, budget, &dev, err, sizeof err)))
+                    return strategy_fail(s, rc, "%s", err);
+                if ((rc = add_device(s, dev)))
+                    return rc;
+            }
         }
         return CASTOR_OK;
     }

@@ -11,7 +11,7 @@ castor__rng cpu_rng;
 void cpu_dev_setup(void)
 {
     char err[256];
-    cr_assert_eq(castor__cdev_cpu_create(0, BUDGET, &cpu_dev, err, sizeof err), CASTOR_OK, "%s",
+    cr_assert_eq(castor__cdev_cpu_create(0, 0, BUDGET, &cpu_dev, err, sizeof err), CASTOR_OK, "%s",
                  err);
     castor__rng_seed(&cpu_rng, 1234, 7, 0);
 }

@@ -145,17 +145,17 @@ Test(cpu_device, null_and_negative_arguments_are_misuse)
 
     char err[128] = "";
     cdev *other = (cdev *)1;
-    cr_assert_eq(castor__cdev_cpu_create(-1, BUDGET, &other, err, sizeof err), CASTOR_INVALID);
+    cr_assert_eq(castor__cdev_cpu_create(-1, 0, BUDGET, &other, err, sizeof err), CASTOR_INVALID);
     cr_assert_null(other);
     cr_assert(err[0]);
-    cr_assert_eq(castor__cdev_cpu_create(0, BUDGET, NULL, err, sizeof err), CASTOR_MISUSE);
+    cr_assert_eq(castor__cdev_cpu_create(0, 0, BUDGET, NULL, err, sizeof err), CASTOR_MISUSE);
 }
 
 Test(cpu_device, name_and_backend)
 {
     cdev *other = NULL;
     char err[128];
-    cr_assert_eq(castor__cdev_cpu_create(3, 1024, &other, err, sizeof err), CASTOR_OK);
+    cr_assert_eq(castor__cdev_cpu_create(3, 0, 1024, &other, err, sizeof err), CASTOR_OK);
     cr_assert_str_eq(other->name, "cpu:3");
     cr_assert_str_eq(other->iface->backend, "cpu");
     cr_assert_eq(other->ordinal, 3);
@@ -230,7 +230,7 @@ Test(cpu_device, concurrent_replicas_agree_with_one)
     pthread_t t[2];
     char err[128];
     for (int i = 0; i < 2; i++) {
-        cr_assert_eq(castor__cdev_cpu_create(i + 1, BUDGET, &devs[i], err, sizeof err), CASTOR_OK);
+        cr_assert_eq(castor__cdev_cpu_create(i + 1, 0, BUDGET, &devs[i], err, sizeof err), CASTOR_OK);
         jobs[i] = (gemm_job){devs[i], a, b, malloc(sizeof(float) * m * n), m, n, k, 20, 0};
         cr_assert_eq(pthread_create(&t[i], NULL, gemm_thread, &jobs[i]), 0);
     }

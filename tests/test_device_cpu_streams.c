@@ -233,7 +233,7 @@ Test(cpu_streams, an_event_of_another_device_is_refused)
 {
     cdev *other = NULL;
     char err[128];
-    cr_assert_eq(castor__cdev_cpu_create(1, BUDGET, &other, err, sizeof err), CASTOR_OK);
+    cr_assert_eq(castor__cdev_cpu_create(1, 0, BUDGET, &other, err, sizeof err), CASTOR_OK);
     cdev_event *ev = NULL;
     cr_assert_eq(other->iface->event_create(other, &ev), CASTOR_OK);
     cr_assert_eq(cpu_dev->iface->event_record(cpu_dev, ev, CDEV_STREAM_H2D), CASTOR_MISUSE);

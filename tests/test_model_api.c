@@ -482,13 +482,53 @@ Test(model_api, device_lists_refuse_empty_entries_and_ignore_case)
                   castor_strategy_errmsg(s));
         castor_strategy_free(s);
     }
-    const char *good[] = {"CPU", "Cpu:2", "cpu:1,CPU:2"};
-    const int replicas[] = {1, 2, 3};
+    const char *good[] = {"CPU", "Cpu:2", "cpu:1,CPU:2", "cpu:1x2", "CPU:2X3,cpu", "cpu:4x16"};
+    const int replicas[] = {1, 2, 3, 2, 7, 64};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         castor_strategy *s = NULL;
         cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, good[i], NULL),
                      CASTOR_OK, "'%s': %s", good[i], castor_strategy_errmsg(s));
         cr_assert_eq(castor_strategy_replicas(s), replicas[i], "'%s'", good[i]);
+        castor_strategy_free(s);
+    }
+}
+
+/* cpu:NxK, the emulated twin of cuda:IxK: K replicas share each of N
+ * devices and its budget; counts out of range are refused as cuda's are. */
+Test(model_api, device_lists_share_emulated_devices)
+{
+    const char *bad[] = {"cpu:0x2", "cpu:1x0", "cpu:1x", "cpu:x2", "cpu:1x65", "cpu:8x9",
+                         "cpu:1x2x2", "cpu:1y2"};
+    const char *says[] = {"count after cpu:", "replica count after x", "replica count after x",
+                          "count after cpu:", "replica count after x", "72 replicas, at most 64",
+                          "replica count after x", "count after cpu:"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        castor_strategy *s = NULL;
+        cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, bad[i], NULL),
+                     CASTOR_INVALID, "'%s' accepted", bad[i]);
+        cr_assert(strstr(castor_strategy_errmsg(s), says[i]), "'%s': %s", bad[i],
+                  castor_strategy_errmsg(s));
+        castor_strategy_free(s);
+    }
+    /* Two replicas on one device of 64 MiB hold 32 MiB each: a model of
+     * 40 MiB fits cpu:2 and not cpu:1x2. */
+    castor_strategy_options so = CASTOR_STRATEGY_OPTIONS_INIT;
+    so.device_memory_budget = (size_t)64 << 20;
+    const char *lists[] = {"cpu:2", "cpu:1x2"};
+    const int want[] = {CASTOR_OK, CASTOR_DEVICE_MEMORY};
+    for (int i = 0; i < 2; i++) {
+        castor_strategy *s = NULL;
+        cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, lists[i], &so),
+                     CASTOR_OK);
+        castor_model *m = NULL;
+        castor_model_create(&m, 1000);
+        cr_assert_eq(castor_model_add_layers(m, "5000,10"), CASTOR_OK); /* 20 MB, twice */
+        cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 1), want[i],
+                     "%s: %s", lists[i], castor_model_errmsg(m));
+        if (want[i])
+            cr_assert(strstr(castor_model_errmsg(m), "budget is 33554432 bytes"), "%s",
+                      castor_model_errmsg(m));
+        castor_model_free(m);
         castor_strategy_free(s);
     }
 }

@@ -122,6 +122,49 @@ Test(equivalence, sgd_nesterov_cpu2) { central_equals_mirrored("cpu:2", CASTOR_O
 Test(equivalence, adam_cpu2) { central_equals_mirrored("cpu:2", CASTOR_OPT_ADAM); }
 Test(equivalence, adamw_cpu3) { central_equals_mirrored("cpu:3", CASTOR_OPT_ADAMW); }
 Test(equivalence, adam_cpu1) { central_equals_mirrored("cpu", CASTOR_OPT_ADAM); }
+/* Replicas sharing one device: mirrored sums on it (replica 0 adds the
+ * others' gradients, the others copy the sum), as on cuda:0xK. With three,
+ * the one-row batch leaves two replicas without rows. */
+Test(equivalence, adam_cpu1x2) { central_equals_mirrored("cpu:1x2", CASTOR_OPT_ADAM); }
+Test(equivalence, sgd_nesterov_cpu1x3) { central_equals_mirrored("cpu:1x3", CASTOR_OPT_SGD); }
+Test(equivalence, adamw_cpu2x2) { central_equals_mirrored("cpu:2x2", CASTOR_OPT_ADAMW); }
+
+/* The shared device's sum is the device's: no gradient crosses the bus, as
+ * through the host it would (each replica's down, the sum up). */
+Test(equivalence, replicas_sharing_a_device_all_reduce_on_it)
+{
+    const char *lists[] = {"cpu:1x2", "cpu:2"};
+    uint64_t d2h[2];
+    size_t params = 0;
+    for (int i = 0; i < 2; i++) {
+        castor_strategy *s = NULL;
+        cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_MIRRORED, lists[i], NULL),
+                     CASTOR_OK, "%s", castor_strategy_errmsg(s));
+        castor_model *m = NULL;
+        cr_assert_eq(castor_model_create(&m, F), CASTOR_OK);
+        cr_assert_eq(castor_model_add_layers(m, "16:tanh,3"), CASTOR_OK);
+        cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 42), CASTOR_OK);
+        castor_dataset *ds = synthetic(1);
+        castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+        fo.batch_size = 20;
+        fo.max_steps = 1;
+        castor_model_reset_run_stats(m);
+        cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s",
+                     castor_model_errmsg(m));
+        castor_run_stats rs;
+        cr_assert_eq(castor_model_run_stats(m, &rs), CASTOR_OK);
+        d2h[i] = rs.bytes_d2h;
+        params = castor_model_num_params(m);
+        castor_dataset_free(ds);
+        castor_model_free(m);
+        castor_strategy_free(s);
+    }
+    /* 20 rows of statistics (two floats each) come down either way. */
+    cr_assert_eq(d2h[0], 20 * 2 * sizeof(float), "cpu:1x2: %llu bytes down",
+                 (unsigned long long)d2h[0]);
+    cr_assert_eq(d2h[1], 20 * 2 * sizeof(float) + 2 * params * sizeof(float),
+                 "cpu:2: %llu bytes down", (unsigned long long)d2h[1]);
+}
 
 Test(train, predict_matches_evaluate)
 {

@@ -588,7 +588,8 @@ static const cdev_iface cpu_iface = {
     .optimizer_step = cpu_optimizer_step,
 };
 
-int castor__cdev_cpu_create(int ordinal, size_t budget, cdev **out, char *err, size_t errlen)
+int castor__cdev_cpu_create(int ordinal, int logical, size_t budget, cdev **out, char *err,
+                            size_t errlen)
 {
     if (!out) {
         if (err && errlen)
@@ -596,9 +597,10 @@ int castor__cdev_cpu_create(int ordinal, size_t budget, cdev **out, char *err, s
         return CASTOR_MISUSE;
     }
     *out = NULL;
-    if (ordinal < 0) {
+    if (ordinal < 0 || logical < 0) {
         if (err && errlen)
-            snprintf(err, errlen, "cpu:%d: a device number is 0 or more", ordinal);
+            snprintf(err, errlen, "cpu:%d#%d: device and replica numbers are 0 or more", ordinal,
+                     logical);
         return CASTOR_INVALID;
     }
     cdev *dev = calloc(1, sizeof *dev);
@@ -614,7 +616,10 @@ int castor__cdev_cpu_create(int ordinal, size_t budget, cdev **out, char *err, s
     dev->ctx = st;
     dev->ordinal = ordinal;
     dev->budget = budget;
-    snprintf(dev->name, sizeof dev->name, "cpu:%d", ordinal);
+    if (logical > 0)
+        snprintf(dev->name, sizeof dev->name, "cpu:%d#%d", ordinal, logical);
+    else
+        snprintf(dev->name, sizeof dev->name, "cpu:%d", ordinal);
     *out = dev;
     return CASTOR_OK;
 }

@@ -49,7 +49,7 @@ enum {
     {"strategy", "central|mirrored", "central",                                          \
      "the strategy to run the model on (any works for any file)"}
 #define ROW_DEVICES                                                                      \
-    {"devices", "LIST", "cpu", "the replicas: cpu, cpu:N, cuda, cuda:0,cuda:1, cuda:0x4"}
+    {"devices", "LIST", "cpu", "the replicas: cpu, cpu:N, cpu:NxK, cuda, cuda:0,cuda:1, cuda:0x4"}
 #define ROW_BATCH {"batch", "N", "256", "samples per step, at least the number of replicas"}
 #define ROW_QUIET {"quiet", NULL, NULL, "no library warnings on stderr"}
 

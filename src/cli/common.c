@@ -32,7 +32,7 @@ static long cpu_replicas(const char *devices)
     if (castor__device_list_parse(devices, entries, &n, NULL, 0) != CASTOR_OK)
         return 0;
     for (int i = 0; i < n; i++)
-        total += entries[i].cuda ? 0 : entries[i].replicas;
+        total += entries[i].cuda ? 0 : (long)entries[i].replicas * entries[i].shared;
     return total;
 }
 

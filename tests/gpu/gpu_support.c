@@ -69,7 +69,7 @@ twin twin_open(int tf32)
     char err[384] = "";
     int rc = castor__cdev_cuda_create(0, 0, 0, tf32, &t.dev[GPU], err, sizeof err);
     cr_assert_eq(rc, CASTOR_OK, "castor__cdev_cuda_create(0): %d: %s", rc, err);
-    rc = castor__cdev_cpu_create(0, CPU_BUDGET, &t.dev[CPU], err, sizeof err);
+    rc = castor__cdev_cpu_create(0, 0, CPU_BUDGET, &t.dev[CPU], err, sizeof err);
     cr_assert_eq(rc, CASTOR_OK, "castor__cdev_cpu_create: %d: %s", rc, err);
     return t;
 }
