@@ -3,8 +3,9 @@
  *
  * With use_cuda, the memory comes from cudaHostAlloc (so device copies run at
  * full PCIe speed); otherwise it is 64-byte aligned memory locked with mlock.
- * When locking fails (RLIMIT_MEMLOCK, or CUDA has no device) the buffer is
- * still returned, unlocked, with *locked = 0 so the caller can warn.
+ * When locking fails (RLIMIT_MEMLOCK, or CUDA could not pin it: then it is
+ * not mlock'd either, which CUDA would not count) the buffer is still
+ * returned, unlocked, with locked = 0 so the caller can warn.
  */
 #ifndef CASTOR_HOST_PINNED_H
 #define CASTOR_HOST_PINNED_H

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "castor.h"
+#include "device/device.h"
 #include "host/pinned.h"
 #include "host/pool.h"
 
@@ -271,6 +272,19 @@ Test(pinned, alloc_is_zeroed_and_aligned)
             castor__host_free(&buf);  /* freed twice: the zeroed struct is a no-op */
         }
     }
+}
+
+/* A buffer for GPUs that CUDA could not pin is pageable to CUDA, mlock'd or
+ * not: it was called locked, so the bench labelled its copies pinned. */
+Test(pinned, unpinned_by_cuda_is_not_called_locked)
+{
+    if (!castor__cdev_cuda_compiled())
+        cr_skip_test("a build without CUDA: use_cuda is ignored");
+    castor__host_buf buf;
+    cr_assert_eq(castor__host_alloc(&buf, 4096, 1), CASTOR_OK);
+    int gpus = castor__cdev_cuda_count(NULL);
+    cr_assert_eq(buf.locked, gpus > 0, "%d GPUs, locked %d", gpus, buf.locked);
+    castor__host_free(&buf);
 }
 
 Test(pinned, free_of_zero_struct_is_noop)
