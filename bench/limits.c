@@ -190,7 +190,8 @@ static int devset_open(devset *ds, const bench_config *c, char *err, size_t errl
         }
         int first = e->ordinal < 0 ? 0 : e->ordinal;
         int last = e->ordinal < 0 ? count - 1 : e->ordinal;
-        for (int g = first; g <= last; g++)
+        for (int g = first; g <= last; g++) {
+            int first_replica = ds->n;
             for (int j = 0; j < e->replicas; j++) {
                 if (castor__cdev_cuda_create(g, j, c->device_memory, c->tf32, &dev, err, errlen))
                     return -1;
@@ -198,6 +199,12 @@ static int devset_open(devset *ds, const bench_config *c, char *err, size_t errl
                     goto too_many;
                 ds->cuda++;
             }
+            /* As castor_strategy_create: logical replicas share the GPU's
+             * free memory (each counted all of it as its own). */
+            if (!c->device_memory)
+                for (int j = first_replica; j < ds->n; j++)
+                    ds->dev[j]->budget /= (size_t)e->replicas;
+        }
     }
     if (ds->n == 0) {
         snprintf(err, errlen, "no devices in '%s'", c->devices);

@@ -423,12 +423,15 @@ int open_ctx(cdev *dev, castor__cuda_ctx *ctx, size_t budget, int tf32)
      * bits, ~1e-3 relative, which changes training curves. */
     CUBLAS_CHECK(dev, cublasSetMathMode(ctx->blas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
                                                          : CUBLAS_DEFAULT_MATH));
-    if (budget == 0) {
-        size_t free_b = 0, total_b = 0;
-        CUDA_CHECK(dev, cudaMemGetInfo(&free_b, &total_b));
-        budget = free_b;
-    }
-    dev->budget = budget;
+    /* The GPU's free memory, less room for what takes device memory later
+     * without passing the budget: cuBLAS's workspace, kernels loaded at
+     * their first launch, NCCL's buffers. A budget given is the limit only
+     * where it is smaller (castor.h). */
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(dev, cudaMemGetInfo(&free_b, &total_b));
+    size_t headroom = total_b / 20 > ((size_t)256 << 20) ? total_b / 20 : (size_t)256 << 20;
+    size_t usable = free_b > headroom ? free_b - headroom : 0;
+    dev->budget = budget == 0 || budget > usable ? usable : budget;
     return CASTOR_OK;
 }
 

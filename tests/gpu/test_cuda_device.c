@@ -4,6 +4,7 @@
  * events, and allocations larger than the GPU.
  */
 #include <criterion/criterion.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -338,8 +339,19 @@ Test(cuda, allocation_larger_than_the_gpu)
     cdev *g = NULL;
     cr_assert_eq(castor__cdev_cuda_create(0, 0, SIZE_MAX / 4, 0, &g, err, sizeof err), CASTOR_OK,
                  "%s", err);
+    /* A budget larger than the GPU is held to what the GPU has free, less
+     * headroom (it was taken as given: the budget check passed what
+     * cudaMalloc, cuBLAS or NCCL then failed). */
+    size_t free_b = 0, total_b = 0;
+    cr_assert_eq(cudaMemGetInfo(&free_b, &total_b), cudaSuccess);
+    cr_expect(g->budget > 0 && g->budget < free_b, "budget %zu, free %zu", g->budget, free_b);
     void *p = (void *)0x1;
     int rc = castor__cdev_alloc(g, (size_t)1 << 50, &p);
+    cr_expect_eq(rc, CASTOR_DEVICE_MEMORY, "1 PiB past the budget returned %d", rc);
+    cr_expect(strstr(g->errmsg, "budget") != NULL, "%s", g->errmsg);
+    /* cudaMalloc's own refusal, past the budget check. */
+    p = (void *)0x1;
+    rc = g->iface->alloc(g, (size_t)1 << 50, &p);
     cr_expect(rc == CASTOR_DEVICE_MEMORY || rc == CASTOR_DEVICE, "1 PiB allocation returned %d",
               rc);
     cr_expect_null(p);
