@@ -349,6 +349,23 @@ else
     bad "train text summary: status $rc" "$(cat "$T/out" "$T/err")"
 fi
 
+# OpenBLAS gets the cores castor may run on, not every core online: under
+# taskset -c 0 one replica's GEMMs get 1 thread (it gave them all, and ran
+# them on the one core it had).
+if command -v taskset >/dev/null 2>&1 && taskset -c 0 true 2>/dev/null &&
+    [[ $(getconf _NPROCESSORS_ONLN) -ge 2 ]]; then
+    timeout 300 env -u OPENBLAS_NUM_THREADS taskset -c 0 "$BIN" "${TRAIN[@]}" --devices cpu \
+        --epochs 1 --batch 64 --verbose >"$T/out" 2>"$T/err"
+    rc=$?
+    if [[ $rc -eq 0 ]] && grep -q '^castor: OpenBLAS: 1 thread per GEMM$' "$T/err"; then
+        ok "taskset -c 0: OpenBLAS gets the one core castor may use"
+    else
+        bad "taskset -c 0: status $rc, want 'OpenBLAS: 1 thread per GEMM'" "$(cat "$T/err")"
+    fi
+else
+    ok "taskset -c 0: skipped (no taskset, or fewer than 2 cores)"
+fi
+
 # The progress bar, when stderr is a terminal (needs script(1) for a pty).
 if command -v script >/dev/null 2>&1 && script -qec true /dev/null </dev/null >/dev/null 2>&1; then
     script -qec "$(printf '%q ' "$BIN" "${TRAIN[@]}" --devices cpu:2 --epochs 2 --batch 64 --json)" \

@@ -12,6 +12,7 @@
 
 #include "args.h"
 #include "ckpt.h"
+#include "host/pool.h"
 #include "src/device_list.h"
 
 const char *cli_data_dir(const char *data)
@@ -41,8 +42,9 @@ int cli_blas_threads(const char *devices)
     long replicas = cpu_replicas(devices);
     if (replicas <= 0 || getenv("OPENBLAS_NUM_THREADS"))
         return 0;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    long threads = cores > 0 ? cores / replicas : 1;
+    /* The cores this process may run on (taskset, a container's cpuset),
+     * as the library counts them: not every core online. */
+    long threads = castor__cpu_count() / replicas;
     if (threads < 1)
         threads = 1;
     if (threads > 1024)
