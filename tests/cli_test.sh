@@ -253,7 +253,7 @@ expect_error 1 "missing data directory" train --data "$T/no-such-dir" --epochs 1
 
 # ---- info -------------------------------------------------------------------------------
 run info
-if [[ $rc -eq 0 ]] && grep -q '^castor ' "$T/out" && grep -q 'cores' "$T/out" &&
+if [[ $rc -eq 0 ]] && grep -q '^castor ' "$T/out" && grep -Eq '^cpu: [0-9]+ cores?' "$T/out" &&
     grep -Eq '^(no GPU: .+|gpus: [0-9]+)' "$T/out"; then
     ok "castor info: $(grep -E '^(no GPU|gpus)' "$T/out" | head -n 1)"
 else
@@ -267,6 +267,26 @@ assert {"version", "features", "cpu_cores", "gpus"} <= d.keys(), d' 2>"$T/py"; t
     ok "castor info --json"
 else
     bad "castor info --json: status $rc" "$(cat "$T/out" "$T/err" "$T/py")"
+fi
+# The cores castor may run on, as bench.json counts them: under taskset -c 0
+# one, of however many are online (it said every core online).
+if command -v taskset >/dev/null 2>&1 && taskset -c 0 true 2>/dev/null &&
+    [[ $(getconf _NPROCESSORS_ONLN) -ge 2 ]]; then
+    taskset -c 0 "$BIN" info --json >"$T/out" 2>"$T/err"
+    rc=$?
+    taskset -c 0 "$BIN" info >"$T/text" 2>>"$T/err"
+    if [[ $rc -eq 0 ]] && grep -Eq '^cpu: 1 core of the [0-9]+ online' "$T/text" &&
+        tail -n 1 "$T/out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+assert d["cpu_cores"] == 1 and d["cpu_cores_online"] >= 2, d' 2>"$T/py"; then
+        ok "castor info under taskset -c 0: 1 core of those online"
+    else
+        bad "castor info under taskset -c 0: status $rc" \
+            "$(cat "$T/text" "$T/out" "$T/err" "$T/py")"
+    fi
+else
+    ok "castor info under taskset -c 0: skipped (no taskset, or fewer than 2 cores)"
 fi
 
 # ---- training -------------------------------------------------------------------------------

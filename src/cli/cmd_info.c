@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "castor.h"
+#include "host/pool.h"
 #include "args.h"
 #include "cli.h"
 #include "common.h"
@@ -22,8 +23,9 @@ void castor_cli_info_usage(FILE *out)
             "usage: castor info [--json]\n"
             "\n"
             "Show castor's version, the features compiled into this build, the CPU\n"
-            "cores, and every GPU this build can use (name, memory, compute\n"
-            "capability, PCI bus id), or why there is none.\n"
+            "cores it may run on (taskset or a container's cpuset may allow fewer\n"
+            "than are online), and every GPU this build can use (name, memory,\n"
+            "compute capability, PCI bus id), or why there is none.\n"
             "\n"
             "flags:\n");
     cli_print_flags(out, info_flags);
@@ -61,7 +63,7 @@ static double gib(size_t bytes)
     return (double)bytes / (1024.0 * 1024.0 * 1024.0);
 }
 
-static int info_json(long cores, const char *model)
+static int info_json(long cores, long online, const char *model)
 {
     int rc = CLI_EXIT_RUNTIME;
     cJSON *root = cJSON_CreateObject();
@@ -70,7 +72,8 @@ static int info_json(long cores, const char *model)
         goto oom;
     if (cli_json_str(root, "version", castor_version()) ||
         cli_json_str(root, "features", castor_build_features()) ||
-        cli_json_int(root, "cpu_cores", cores) || cli_json_str(root, "cpu_model", model))
+        cli_json_int(root, "cpu_cores", cores) || cli_json_int(root, "cpu_cores_online", online) ||
+        cli_json_str(root, "cpu_model", model))
         goto oom;
     const char *why = NULL;
     int count = castor_cuda_device_count(&why);
@@ -134,18 +137,24 @@ int castor_cli_info(int argc, char **argv)
             json = 1;
     }
 
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    /* The cores castor's threads may run on, as the library and castor
+     * bench count them (bench.json's cpu_cores): under taskset or a
+     * container's cpuset fewer than are online. */
+    long cores = castor__cpu_count(), online = sysconf(_SC_NPROCESSORS_ONLN);
+    if (online < cores)
+        online = cores;
     char model[256];
     cpu_model(model, sizeof model);
     if (json)
-        return info_json(cores, model);
+        return info_json(cores, online, model);
 
     printf("castor %s\n", castor_version());
     printf("features: %s\n", castor_build_features());
-    if (model[0])
-        printf("cpu: %ld cores (%s)\n", cores, model);
-    else
-        printf("cpu: %ld cores\n", cores);
+    char of[64] = "";
+    if (online != cores)
+        snprintf(of, sizeof of, " of the %ld online", online);
+    printf("cpu: %ld core%s%s%s%s%s\n", cores, cores == 1 ? "" : "s", of, model[0] ? " (" : "",
+           model, model[0] ? ")" : "");
 
     const char *why = NULL;
     int count = castor_cuda_device_count(&why);
