@@ -627,6 +627,42 @@ else
     bad "--checkpoint-dir with other files: status $rc" "$(ls -la "$CK"; tail -n 1 "$T/out"; cat "$T/err")"
 fi
 
+# Checkpoint writes are disk time, not training time: with every fsync made
+# 100 ms slow (8 checkpoints, two fsyncs each: 1.6 s), seconds and
+# samples_per_second still measure the 16 small steps (seconds took the
+# writes in, and samples/s fell with them).
+cat >"$T/slowsync.c" <<'EOF2'
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <time.h>
+int fsync(int fd)
+{
+    static int (*real)(int);
+    if (!real)
+        *(void **)&real = dlsym(RTLD_NEXT, "fsync");
+    struct timespec pause = {0, 100000000};
+    nanosleep(&pause, NULL);
+    return real(fd);
+}
+EOF2
+if ${CC:-cc} -shared -fPIC -o "$T/slowsync.so" "$T/slowsync.c" -ldl 2>"$T/cc.err"; then
+    LD_PRELOAD="$T/slowsync.so" run "${TRAIN[@]}" --devices cpu:2 --epochs 2 --batch 64 --quiet \
+        --json --checkpoint-dir "$T/ck-slow" --checkpoint-every 2
+    if [[ $rc -eq 0 ]] && tail -n 1 "$T/out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+assert d["checkpoints"] == 8, d
+assert d["checkpoint_seconds"] >= 1.5, d
+assert d["seconds"] < 1.0, d
+assert abs(d["samples_per_second"] * d["seconds"] - 2 * d["train_samples"]) < 1, d'; then
+        ok "checkpoint writes are checkpoint_seconds, not training seconds"
+    else
+        bad "checkpoint time: status $rc" "$(tail -n 1 "$T/out"; cat "$T/err")"
+    fi
+else
+    bad "cc could not build the fsync shim" "$(cat "$T/cc.err")"
+fi
+
 # Checkpoints of another run in --checkpoint-dir: a fresh run would have
 # overwritten and pruned them as its own, and --resume DIR would then have
 # picked the other run's newest. Refused before training; nothing changes.

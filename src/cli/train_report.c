@@ -39,6 +39,7 @@ static int report_json(const train_run *r)
         cli_json_int(o, "epochs", r->o.epochs) || cli_json_int(o, "steps", steps) ||
         cli_json_int(o, "global_step", castor_model_step(r->model)) ||
         cli_json_num(o, "seconds", r->fit_seconds) ||
+        cli_json_num(o, "checkpoint_seconds", r->ckpt_seconds) ||
         cli_json_num(o, "samples_per_second",
                      r->fit_seconds > 0 ? samples / r->fit_seconds : NAN) ||
         cli_json_str(o, "strategy", castor_strategy_kind_name(r->o.strategy)) ||
@@ -106,8 +107,8 @@ static int report_text(const train_run *r)
     printf("%-10s %.1f MiB device memory at peak\n", "memory:",
            (double)castor_model_device_peak_bytes(r->model) / (1024.0 * 1024.0));
     if (r->checkpoints > 0)
-        printf("%-10s %d written, the newest %s\n", "checkpoints:", r->checkpoints,
-               r->last_ckpt);
+        printf("%-10s %d written in %.2f s, the newest %s\n", "checkpoints:", r->checkpoints,
+               r->ckpt_seconds, r->last_ckpt);
     if (r->saved)
         printf("%-10s %s\n", "saved:", r->o.save);
     return cli_flush_results(NULL);
