@@ -175,7 +175,10 @@ static int what_is(const char *path)
  * FOUND_NONE. -1 if the path does not fit. */
 static int find_file(const char *dir, const char *name, char *buf, size_t size)
 {
-    int len = snprintf(buf, size, "%s/%s.gz", dir, name);
+    /* "dir/" as given needs no second slash in the paths that messages show. */
+    size_t dlen = strlen(dir);
+    const char *sep = dlen && dir[dlen - 1] == '/' ? "" : "/";
+    int len = snprintf(buf, size, "%s%s%s.gz", dir, sep, name);
     if (len < 0 || (size_t)len >= size)
         return -1;
     buf[len - 3] = '\0';

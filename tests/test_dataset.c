@@ -212,6 +212,15 @@ Test(dataset, mnist_dir_finds_plain_or_gzip)
     msg = castor_dataset_errmsg(ds);
     cr_assert(strstr(msg, "train-labels-idx1-ubyte") && !strstr(msg, "train-images"), "%s", msg);
     castor_dataset_free(ds);
+    /* A directory given with a trailing slash: no '//' in the file's path
+     * when the (empty) file is refused. */
+    support_write_in(path, "train-labels-idx1-ubyte", "", 0);
+    char slash[SUPPORT_PATH_LEN + 1];
+    snprintf(slash, sizeof slash, "%s/", support_dir);
+    cr_assert_neq(castor_dataset_load_mnist_dir(&ds, slash, "train"), CASTOR_OK);
+    msg = castor_dataset_errmsg(ds);
+    cr_assert(strstr(msg, "-idx") && !strstr(msg, "//"), "%s", msg);
+    castor_dataset_free(ds);
 
     cr_assert_eq(castor_dataset_load_mnist_dir(&ds, support_dir, "validation"), CASTOR_INVALID);
     cr_assert(strstr(castor_dataset_errmsg(ds), "validation"), "%s", castor_dataset_errmsg(ds));
