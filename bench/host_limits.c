@@ -11,8 +11,9 @@
  *                    optimizer kernel alone on the same arrays;
  *   host step        castor's own host kernels at each model size of the grid:
  *                    the sum of the replicas' gradients and one optimizer
- *                    update on the host threads, and every emulated CPU
- *                    replica's update at once on its replica thread (as
+ *                    update on the host threads (mirrored through the host),
+ *                    central's one pass that does both, and every emulated
+ *                    CPU replica's update at once on its replica thread (as
  *                    mirrored runs them). These are the host term of a run's
  *                    lower bound.
  */
@@ -26,6 +27,7 @@
 #include "host/optim.h"
 #include "host/pool.h"
 #include "host/reduce.h"
+#include "host/update.h"
 #include "src/cli/args.h"
 #include "src/device_list.h"
 
@@ -189,7 +191,7 @@ size_t bench_host_memory_allowance(void)
 static void measure_host_cost(const bench_config *c, bench_limits *L, castor__pool *hpool,
                               castor__pool *rpool, bench_host_cost *hc)
 {
-    hc->reduce_s = hc->opt_s = hc->replica_opt_s = NAN;
+    hc->reduce_s = hc->opt_s = hc->central_s = hc->replica_opt_s = NAN;
     size_t n = hc->params;
     int R = L->replicas > 0 ? L->replicas : 1;
     int cpu_reps = L->cpu_devices;
@@ -212,13 +214,15 @@ static void measure_host_cost(const bench_config *c, bench_limits *L, castor__po
     float *sum = mem + (size_t)R * n, *p = sum + n, *state = p + n;
     replica_update u = {&opt, state + 2 * n, n, 1, cpu_reps};
     int trials = c->quick ? 3 : 5;
-    double tr[8], to[8], tu[8];
+    double tr[8], to[8], tc[8], tu[8];
     for (int i = -1; i < trials; i++) {  /* i = -1: untimed */
         int64_t step = i + 2;              /* optimizer steps count from 1 */
         double t0 = cli_now();
         castor__reduce_sum(hpool, sum, srcs, R, n);
         double t1 = cli_now();
         castor__optim_apply(hpool, &opt, p, sum, state, n, step);
+        double tm = cli_now();
+        castor__host_update(hpool, &opt, p, state, srcs, R, n, step);
         double t2 = cli_now();
         double t3 = t2;
         if (cpu_reps > 0) {
@@ -231,12 +235,14 @@ static void measure_host_cost(const bench_config *c, bench_limits *L, castor__po
         }
         if (i >= 0) {
             tr[i] = t1 - t0;
-            to[i] = t2 - t1;
+            to[i] = tm - t1;
+            tc[i] = t2 - tm;
             tu[i] = t3 - t2;
         }
     }
     hc->reduce_s = bench_fastest(tr, trials);
     hc->opt_s = bench_fastest(to, trials);
+    hc->central_s = bench_fastest(tc, trials);
     if (cpu_reps > 0)
         hc->replica_opt_s = bench_fastest(tu, trials);
     free(mem);

@@ -75,10 +75,13 @@ void bench_print_limits(FILE *out, const bench_config *c, const bench_limits *L)
             castor_optimizer_kind_name(c->optimizer), bench_optimizer_bytes(c->optimizer));
     for (int i = 0; i < L->n_host_costs; i++) {
         const bench_host_cost *hc = &L->host_costs[i];
+        char d[32];
         fmt_num(a, sizeof a, "%.3f", hc->reduce_s * 1e3);
         fmt_num(b, sizeof b, "%.3f", hc->opt_s * 1e3);
-        fprintf(out, "  host step        %zu params: sum of %d gradients %s ms, %s update %s ms", hc->params,
-                L->replicas, a, castor_optimizer_kind_name(c->optimizer), b);
+        fmt_num(d, sizeof d, "%.3f", hc->central_s * 1e3);
+        fprintf(out, "  host step        %zu params: sum of %d gradients %s ms, %s update %s ms, "
+                "both in one pass (central) %s ms", hc->params, L->replicas, a,
+                castor_optimizer_kind_name(c->optimizer), b, d);
         if (L->cpu_devices > 0) {
             fmt_num(a, sizeof a, "%.3f", hc->replica_opt_s * 1e3);
             fprintf(out, "; %d CPU replicas' updates at once %s ms", L->cpu_devices, a);
@@ -178,7 +181,8 @@ void bench_print_table(FILE *out, const bench_config *c, const bench_result *r, 
             "  host: castor's host kernels at this model's size, timed alone (the 'host step' "
             "limits): the sum of\n"
             "        the gradients where it runs on the host, and each optimizer update that "
-            "runs in host memory.\n"
+            "runs in host memory\n"
+            "        (central: the one pass that does both).\n"
             "  A term that could not be measured leaves no bound ('-'). ratio: measured step / "
             "lower bound (1 = at the limit).\n");
     if (below)
@@ -362,13 +366,15 @@ static cJSON *json_limits(const bench_limits *L)
         cli_json_int(e, "params", (int64_t)L->host_costs[i].params);
         cli_json_num(e, "reduce_seconds", L->host_costs[i].reduce_s);
         cli_json_num(e, "update_seconds", L->host_costs[i].opt_s);
+        cli_json_num(e, "central_update_seconds", L->host_costs[i].central_s);
         cli_json_num(e, "cpu_replica_updates_seconds", L->host_costs[i].replica_opt_s);
         cJSON_AddItemToArray(hs, e);
     }
     cli_json_str(o, "host_step_method",
                  "castor's host kernels at each model size of the grid, alone on the host "
                  "threads: the sum of every replica's gradient (castor__reduce_sum) and one "
-                 "optimizer update (castor__optim_apply), and each emulated CPU replica's update "
+                 "optimizer update (castor__optim_apply), central's pass that does both "
+                 "(castor__host_update), and each emulated CPU replica's update "
                  "at once on its replica thread (mirrored), fastest of repeats after one "
                  "untimed; the host term of the lower bound");
     cJSON *g = cJSON_AddArrayToObject(o, "gemm");

@@ -2,12 +2,13 @@
 
 #include <math.h>
 
+#include "optim_kernels.h"
+
 #include "src/util.h"
 
-/* Floats per block. The kernels below see a constant trip count for every
- * full block, which is what gcc -O2's "very cheap" vectoriser needs (it will
- * not vectorise a loop that needs a scalar epilogue); only the last partial
- * block of a range runs scalar. */
+/* Floats per block: the kernels (optim_kernels.h) see a constant trip count
+ * for every full block, so they vectorise; only the last partial block of a
+ * range runs scalar. */
 #define BLOCK 256
 
 /* Below this many variables waking the host threads costs more than it saves. */
@@ -158,68 +159,12 @@ castor_optimizer castor__optim_normalized(const castor_optimizer *opt)
     return out;
 }
 
-/* ---- the kernels: one pass over len variables, no calls, no aliasing ---- */
-
-static inline void sgd_kernel(float *restrict p, const float *restrict g, size_t len, float lr)
-{
-    for (size_t i = 0; i < len; i++)
-        p[i] -= lr * g[i];
-}
-
-static inline void momentum_kernel(float *restrict p, const float *restrict g,
-                                   float *restrict vel, size_t len, float mu, float lr)
-{
-    for (size_t i = 0; i < len; i++) {
-        vel[i] = mu * vel[i] - lr * g[i];
-        p[i] += vel[i];
-    }
-}
-
-static inline void nesterov_kernel(float *restrict p, const float *restrict g,
-                                   float *restrict vel, size_t len, float mu, float lr)
-{
-    for (size_t i = 0; i < len; i++) {
-        vel[i] = mu * vel[i] - lr * g[i];
-        p[i] += mu * vel[i] - lr * g[i];
-    }
-}
-
-/* optim.h's order, (lr * wd) * p. Keras multiplies (p * wd) * lr, which can
- * differ in the last bit; the device kernels follow optim.h. */
-static inline void decay_kernel(float *restrict p, size_t len, float lr_wd)
-{
-    for (size_t i = 0; i < len; i++)
-        p[i] -= lr_wd * p[i];
-}
-
-/* sqrtf here is inlined as one instruction; gcc vectorises it only when
- * -fno-math-errno is on, since the library call may set errno. */
-static inline void adam_kernel(float *restrict p, const float *restrict g, float *restrict m,
-                               float *restrict v, size_t len, float one_minus_b1,
-                               float one_minus_b2, float alpha, float eps)
-{
-    for (size_t i = 0; i < len; i++) {
-        m[i] += (g[i] - m[i]) * one_minus_b1;
-        v[i] += (g[i] * g[i] - v[i]) * one_minus_b2;
-        p[i] -= alpha * m[i] / (sqrtf(v[i]) + eps);
-    }
-}
-
-/* What one call needs besides the buffers, worked out once per step. */
-typedef struct step_consts {
-    castor_optimizer_kind kind;
-    int momentum, nesterov;
-    float lr, mu;
-    float one_minus_b1, one_minus_b2, alpha, eps;
-    float lr_wd;
-} step_consts;
-
-static step_consts make_consts(const castor_optimizer *opt, int64_t step)
+castor__optim_consts castor__optim_consts_make(const castor_optimizer *opt, int64_t step)
 {
     /* Step 0 would divide by 1 - b1^0 = 0; the first step is 1. */
     double t = step < 1 ? 1.0 : (double)step;
     double lr = opt->learning_rate;
-    step_consts c = {
+    castor__optim_consts c = {
         .kind = opt->kind,
         .momentum = uses_momentum(opt),
         .nesterov = opt->nesterov != 0,
@@ -234,49 +179,27 @@ static step_consts make_consts(const castor_optimizer *opt, int64_t step)
     return c;
 }
 
-/* Inlined at both call sites, so the full blocks get a constant len. */
-static inline __attribute__((always_inline)) void
-update_block(const step_consts *c, float *p, const float *g, float *state, size_t n,
-             size_t at, size_t len)
-{
-    switch (c->kind) {
-    case CASTOR_OPT_SGD:
-        if (!c->momentum)
-            sgd_kernel(p + at, g + at, len, c->lr);
-        else if (c->nesterov)
-            nesterov_kernel(p + at, g + at, state + at, len, c->mu, c->lr);
-        else
-            momentum_kernel(p + at, g + at, state + at, len, c->mu, c->lr);
-        break;
-    case CASTOR_OPT_ADAM:
-    case CASTOR_OPT_ADAMW:
-        if (c->kind == CASTOR_OPT_ADAMW)  /* AdamW is Adam on the decayed variables */
-            decay_kernel(p + at, len, c->lr_wd);
-        adam_kernel(p + at, g + at, state + at, state + n + at, len, c->one_minus_b1,
-                    c->one_minus_b2, c->alpha, c->eps);
-        break;
-    }
-}
-
-static void apply_consts(const step_consts *c, float *params, const float *grads, float *state,
-                         size_t n, size_t begin, size_t end)
+static void apply_consts(const castor__optim_consts *c, float *params, const float *grads,
+                         float *state, size_t n, size_t begin, size_t end)
 {
     size_t at = begin;
     for (; at < end && end - at >= BLOCK; at += BLOCK)
-        update_block(c, params, grads, state, n, at, BLOCK);
+        castor__optim_chunk(c, params + at, grads + at, castor__optim_slot(c, state, n, 0, at),
+                            castor__optim_slot(c, state, n, 1, at), BLOCK);
     if (at < end)
-        update_block(c, params, grads, state, n, at, end - at);
+        castor__optim_chunk(c, params + at, grads + at, castor__optim_slot(c, state, n, 0, at),
+                            castor__optim_slot(c, state, n, 1, at), end - at);
 }
 
 void castor__optim_apply_range(const castor_optimizer *opt, float *params, const float *grads,
                                float *state, size_t n, int64_t step, size_t begin, size_t end)
 {
-    step_consts c = make_consts(opt, step);
+    castor__optim_consts c = castor__optim_consts_make(opt, step);
     apply_consts(&c, params, grads, state, n, begin, end);
 }
 
 typedef struct optim_job {
-    const step_consts *consts;
+    const castor__optim_consts *consts;
     float *params;
     const float *grads;
     float *state;
@@ -292,7 +215,7 @@ static void optim_task(void *ctx, size_t begin, size_t end)
 void castor__optim_apply(castor__pool *pool, const castor_optimizer *opt, float *params,
                          const float *grads, float *state, size_t n, int64_t step)
 {
-    step_consts c = make_consts(opt, step);
+    castor__optim_consts c = castor__optim_consts_make(opt, step);
     optim_job job = {&c, params, grads, state, n};
     castor__pool_for(pool, n, OPTIM_MIN_PARALLEL, optim_task, &job);
 }

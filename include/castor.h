@@ -335,11 +335,13 @@ typedef struct castor_run_stats {
     uint64_t bytes_h2d;         /* host-to-device bytes, all replicas */
     uint64_t bytes_d2h;         /* device-to-host bytes, all replicas */
     double seconds_replicas;    /* wall time of the replicas' part of the steps */
-    double seconds_reduce;      /* the replicas' gradients summed: on the host, or
-                                   by replica 0 on a GPU the replicas share */
-    double seconds_update;      /* optimizer: on the host (central), or placing the
-                                   reduced gradient (upload, copy of replica 0's sum,
-                                   or NCCL all-reduce) and the device update (mirrored) */
+    double seconds_reduce;      /* mirrored: the replicas' gradients summed, on the
+                                   host or by replica 0 on a device they share;
+                                   central: 0 (summed within its update) */
+    double seconds_update;      /* central: the sum and the optimizer, one pass on the
+                                   host; mirrored: placing the reduced gradient
+                                   (upload, copy of replica 0's sum, or NCCL
+                                   all-reduce) and the device update */
     double seconds_total;       /* whole steps */
     size_t device_peak_bytes;   /* most device memory one replica has held */
     size_t host_bytes;          /* pinned host memory held for the model */

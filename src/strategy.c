@@ -379,14 +379,20 @@ void castor__sum_stats(castor_model *m, castor__batch_stats *stats)
     }
 }
 
-void castor__reduce_grads(castor_model *m)
+int castor__host_grads(const castor_model *m, const float *srcs[CASTOR__MAX_REPLICAS])
 {
-    castor__runtime *rt = m->rt;
-    const float *srcs[CASTOR__MAX_REPLICAS];
+    const castor__runtime *rt = m->rt;
     int k = 0;
     for (int i = 0; i < rt->n; i++)
         if (rt->reps[i].rows)
             srcs[k++] = rt->reps[i].h_grads.ptr;
+    return k;
+}
+
+void castor__reduce_grads(castor_model *m)
+{
+    const float *srcs[CASTOR__MAX_REPLICAS];
+    int k = castor__host_grads(m, srcs);
     castor__reduce_sum(m->strategy->host_pool, m->grads.ptr, srcs, k, m->n_params);
 }
 

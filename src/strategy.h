@@ -102,9 +102,12 @@ void castor__split_rows(int rows, int n, int r, int *offset, int *count);
  * order) with its message copied to the model. */
 int castor__run_replicas(castor_model *m, castor__pool_fn fn, void *ctx);
 
-/* Sum the host gradients of the replicas that had rows, in replica order,
- * into m->grads. Both strategies reduce through this one function on the
- * host, so they add in the same order. */
+/* The host gradients of the replicas that had rows, in replica order, into
+ * srcs; how many. */
+int castor__host_grads(const castor_model *m, const float *srcs[CASTOR__MAX_REPLICAS]);
+/* Sum them into m->grads (mirrored through the host). Central sums the same
+ * sources in the same order inside its update (host/update.h), so the two
+ * strategies add alike. */
 void castor__reduce_grads(castor_model *m);
 /* Sum the replicas' row statistics of the last call, in replica order. */
 void castor__sum_stats(castor_model *m, castor__batch_stats *stats);

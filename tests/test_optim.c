@@ -10,6 +10,8 @@
 
 #include "host/optim.h"
 #include "host/pool.h"
+#include "host/reduce.h"
+#include "host/update.h"
 
 #define N_VARS 1031  /* four full kernel blocks and a ragged tail */
 #define STEPS 7
@@ -238,6 +240,54 @@ Test(optim, pool_split_is_bitwise_identical)
     free(split);
     free(serial_state);
     free(split_state);
+    castor__pool_free(pool);
+}
+
+/* Central's one-pass update (host/update.h) is the sum and then the
+ * optimizer, bit for bit: every kind, 0 to 5 gradients, sizes with partial
+ * chunks, alone and over a pool. */
+Test(optim, one_pass_update_is_the_sum_then_the_optimizer)
+{
+    const size_t sizes[] = {1, 1023, 1025, ((size_t)1 << 16) + 7};
+    castor_optimizer opts[4] = {
+        castor_optimizer_defaults(CASTOR_OPT_SGD), castor_optimizer_defaults(CASTOR_OPT_SGD),
+        castor_optimizer_defaults(CASTOR_OPT_ADAM), castor_optimizer_defaults(CASTOR_OPT_ADAMW)};
+    opts[1].momentum = 0.9f, opts[1].nesterov = 1;
+    castor__pool *pool;
+    cr_assert_eq(castor__pool_create(3, &pool), CASTOR_OK);
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        size_t n = sizes[s];
+        float *g[5], *sum = malloc(n * sizeof(float));
+        float *p0 = malloc(n * sizeof(float)), *p1 = malloc(n * sizeof(float));
+        float *s0 = calloc(2 * n, sizeof(float)), *s1 = calloc(2 * n, sizeof(float));
+        cr_assert(sum && p0 && p1 && s0 && s1);
+        for (int k = 0; k < 5; k++)
+            cr_assert_not_null(g[k] = malloc(n * sizeof(float)));
+        for (int o = 0; o < 4; o++)
+            for (int ngrads = 0; ngrads <= 5; ngrads++) {
+                uint64_t rng = 11 + (uint64_t)(o * 7 + ngrads);
+                fill(&rng, p0, n, -1, 1);
+                memcpy(p1, p0, n * sizeof(float));
+                memset(s0, 0, 2 * n * sizeof(float));
+                memset(s1, 0, 2 * n * sizeof(float));
+                for (int step = 1; step <= 3; step++) {
+                    for (int k = 0; k < ngrads; k++)
+                        fill(&rng, g[k], n, -1, 1);
+                    castor__reduce_sum(NULL, sum, (const float *const *)g, ngrads, n);
+                    castor__optim_apply(NULL, &opts[o], p0, sum, s0, n, step);
+                    castor__host_update(step == 2 ? NULL : pool, &opts[o], p1, s1,
+                                        (const float *const *)g, ngrads, n, step);
+                }
+                const char *kind = castor_optimizer_kind_name(opts[o].kind);
+                cr_assert(memcmp(p0, p1, n * sizeof(float)) == 0,
+                          "%s, %d gradients, n %zu: variables differ", kind, ngrads, n);
+                cr_assert(memcmp(s0, s1, 2 * n * sizeof(float)) == 0,
+                          "%s, %d gradients, n %zu: state differs", kind, ngrads, n);
+            }
+        for (int k = 0; k < 5; k++)
+            free(g[k]);
+        free(sum), free(p0), free(p1), free(s0), free(s1);
+    }
     castor__pool_free(pool);
 }
 

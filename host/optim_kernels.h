@@ -1,0 +1,111 @@
+/*
+ * The optimizers' kernels, for the files that run them (optim.c, and
+ * update.c, which gives each chunk of the replicas' summed gradient to the
+ * optimizer while it is in cache): inlined there, so that a full chunk's
+ * loops see a constant trip count, which gcc -O2's "very cheap" vectoriser
+ * needs (it will not vectorise a loop that needs a scalar epilogue).
+ */
+#ifndef CASTOR_HOST_OPTIM_KERNELS_H
+#define CASTOR_HOST_OPTIM_KERNELS_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "castor.h"
+
+/* ---- the kernels: one pass over len variables, no calls, no aliasing ---- */
+
+static inline void castor__sgd_kernel(float *restrict p, const float *restrict g, size_t len, float lr)
+{
+    for (size_t i = 0; i < len; i++)
+        p[i] -= lr * g[i];
+}
+
+static inline void castor__momentum_kernel(float *restrict p, const float *restrict g,
+                                   float *restrict vel, size_t len, float mu, float lr)
+{
+    for (size_t i = 0; i < len; i++) {
+        vel[i] = mu * vel[i] - lr * g[i];
+        p[i] += vel[i];
+    }
+}
+
+static inline void castor__nesterov_kernel(float *restrict p, const float *restrict g,
+                                   float *restrict vel, size_t len, float mu, float lr)
+{
+    for (size_t i = 0; i < len; i++) {
+        vel[i] = mu * vel[i] - lr * g[i];
+        p[i] += mu * vel[i] - lr * g[i];
+    }
+}
+
+/* optim.h's order, (lr * wd) * p. Keras multiplies (p * wd) * lr, which can
+ * differ in the last bit; the device kernels follow optim.h. */
+static inline void castor__decay_kernel(float *restrict p, size_t len, float lr_wd)
+{
+    for (size_t i = 0; i < len; i++)
+        p[i] -= lr_wd * p[i];
+}
+
+/* sqrtf here is inlined as one instruction; gcc vectorises it only when
+ * -fno-math-errno is on, since the library call may set errno. */
+static inline void castor__adam_kernel(float *restrict p, const float *restrict g, float *restrict m,
+                               float *restrict v, size_t len, float one_minus_b1,
+                               float one_minus_b2, float alpha, float eps)
+{
+    for (size_t i = 0; i < len; i++) {
+        m[i] += (g[i] - m[i]) * one_minus_b1;
+        v[i] += (g[i] * g[i] - v[i]) * one_minus_b2;
+        p[i] -= alpha * m[i] / (sqrtf(v[i]) + eps);
+    }
+}
+
+/* What one call needs besides the buffers, worked out once per step. */
+typedef struct castor__optim_consts {
+    castor_optimizer_kind kind;
+    int momentum, nesterov;
+    float lr, mu;
+    float one_minus_b1, one_minus_b2, alpha, eps;
+    float lr_wd;
+} castor__optim_consts;
+
+/* The constants of step (1-based) for opt. */
+castor__optim_consts castor__optim_consts_make(const castor_optimizer *opt, int64_t step);
+
+/* One update of len variables at p with gradient g; s0 and s1 are the
+ * state slots of the same variables (momentum: s0; Adam: s0 = m, s1 = v;
+ * NULL where the kind has none). */
+static inline __attribute__((always_inline)) void
+castor__optim_chunk(const castor__optim_consts *c, float *p, const float *g, float *s0,
+                    float *s1, size_t len)
+{
+    switch (c->kind) {
+    case CASTOR_OPT_SGD:
+        if (!c->momentum)
+            castor__sgd_kernel(p, g, len, c->lr);
+        else if (c->nesterov)
+            castor__nesterov_kernel(p, g, s0, len, c->mu, c->lr);
+        else
+            castor__momentum_kernel(p, g, s0, len, c->mu, c->lr);
+        break;
+    case CASTOR_OPT_ADAM:
+    case CASTOR_OPT_ADAMW:
+        if (c->kind == CASTOR_OPT_ADAMW)  /* AdamW is Adam on the decayed variables */
+            castor__decay_kernel(p, len, c->lr_wd);
+        castor__adam_kernel(p, g, s0, s1, len, c->one_minus_b1, c->one_minus_b2, c->alpha,
+                            c->eps);
+        break;
+    }
+}
+
+/* Slot k (0 or 1) of variables [at, ...) in a state buffer of n variables
+ * (optim.h's layout), or NULL where the kind has no such slot. */
+static inline float *castor__optim_slot(const castor__optim_consts *c, float *state, size_t n,
+                                        int k, size_t at)
+{
+    int slots = c->kind == CASTOR_OPT_SGD ? c->momentum : 2;
+    return state && k < slots ? state + (size_t)k * n + at : NULL;
+}
+
+#endif
