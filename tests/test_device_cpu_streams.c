@@ -254,3 +254,37 @@ Test(cpu_streams, a_copy_repeated_in_a_loop_stays_cheap_to_check)
     sync_ok();
     cpu_release(d, 16);
 }
+
+Test(cpu_streams, records_every_stream_is_ordered_after_are_pruned_and_the_rest_kept)
+{
+    /* Thousands of distinct accesses in one window: those that every stream
+     * has waited for are dropped when the records grow, the others still
+     * refuse an unordered access. */
+    enum { N = 1500 };
+    float *h = malloc(2 * N * sizeof *h);
+    cr_assert_not_null(h);
+    for (int i = 0; i < 2 * N; i++)
+        h[i] = (float)i;
+    float *a = cpu_dalloc(N * F), *b = cpu_dalloc(N * F), *sum = cpu_up((float[1]){0}, 1);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(cdev_copy_h2d(cpu_dev, CDEV_STREAM_H2D, a + i, h + i, F), CASTOR_OK);
+    cdev_event *up = event(), *seen = event();
+    record(up, CDEV_STREAM_H2D);
+    wait_for(CDEV_STREAM_COMPUTE, up);
+    record(seen, CDEV_STREAM_COMPUTE);
+    wait_for(CDEV_STREAM_D2H, seen);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(cdev_copy_h2d(cpu_dev, CDEV_STREAM_H2D, b + i, h + N + i, F), CASTOR_OK,
+                     "%s", cpu_dev->errmsg);
+    cr_assert_eq(add(sum, b, 1), CASTOR_MISUSE, "b's first copy is not waited for");
+    cr_assert_eq(add(sum, b + N - 1, 1), CASTOR_MISUSE, "b's last copy is not waited for");
+    cr_assert_eq(add(sum, a + N - 1, 1), CASTOR_OK, "%s", cpu_dev->errmsg);
+    float *got = cpu_down(sum, 1), *gb = cpu_down(b, N);
+    cr_assert_eq(*got, (float)(N - 1));
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(gb[i], (float)(N + i), "b[%d] = %g", i, (double)gb[i]);
+    free(got), free(gb), free(h);
+    cpu_dev->iface->event_destroy(cpu_dev, up);
+    cpu_dev->iface->event_destroy(cpu_dev, seen);
+    cpu_release(a, N), cpu_release(b, N), cpu_release(sum, 1);
+}

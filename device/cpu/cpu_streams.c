@@ -90,36 +90,33 @@ static void prune(castor__cpu_streams *st)
     st->n_recs = kept;
 }
 
+/* items (*cap of them, elem bytes each) with room for need: moved, or as it
+ * was; NULL (items untouched) when out of memory. */
+static void *grow(void *items, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return items;
+    size_t n = *cap ? 2 * *cap : 64;
+    while (n < need)
+        n *= 2;
+    void *p = realloc(items, n * elem);
+    if (p)
+        *cap = n;
+    return p;
+}
+
 static int room_for_records(castor__cpu_streams *st, int n)
 {
-    if (st->n_recs + (size_t)n <= st->cap_recs)
-        return 1;
-    if (st->n_recs >= PRUNE_AT)
+    if (st->n_recs + (size_t)n > st->cap_recs && st->n_recs >= PRUNE_AT)
         prune(st);
-    if (st->n_recs + (size_t)n <= st->cap_recs)
-        return 1;
-    size_t cap = st->cap_recs ? 2 * st->cap_recs : 64;
-    while (cap < st->n_recs + (size_t)n)
-        cap *= 2;
-    access_rec *p = realloc(st->recs, cap * sizeof *p);
-    if (!p)
-        return 0;
-    st->recs = p;
-    st->cap_recs = cap;
-    return 1;
+    access_rec *p = grow(st->recs, &st->cap_recs, st->n_recs + (size_t)n, sizeof *p);
+    return p ? (st->recs = p, 1) : 0;
 }
 
 static int room_for_op(op_queue *q)
 {
-    if (q->len < q->cap)
-        return 1;
-    size_t cap = q->cap ? 2 * q->cap : 64;
-    castor__cpu_op *p = realloc(q->ops, cap * sizeof *p);
-    if (!p)
-        return 0;
-    q->ops = p;
-    q->cap = cap;
-    return 1;
+    castor__cpu_op *p = grow(q->ops, &q->cap, q->len + 1, sizeof *p);
+    return p ? (q->ops = p, 1) : 0;
 }
 
 static void add_record(castor__cpu_streams *st, int stream, const char *op,
