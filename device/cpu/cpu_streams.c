@@ -90,12 +90,10 @@ static void prune(castor__cpu_streams *st)
     st->n_recs = kept;
 }
 
-/* items (*cap of them, elem bytes each) with room for need: moved, or as it
- * was; NULL (items untouched) when out of memory. */
+/* items (*cap of them, elem bytes each, fewer than need) grown to hold
+ * need: where they are now, or NULL (items untouched) when out of memory. */
 static void *grow(void *items, size_t *cap, size_t need, size_t elem)
 {
-    if (need <= *cap)
-        return items;
     size_t n = *cap ? 2 * *cap : 64;
     while (n < need)
         n *= 2;
@@ -107,14 +105,21 @@ static void *grow(void *items, size_t *cap, size_t need, size_t elem)
 
 static int room_for_records(castor__cpu_streams *st, int n)
 {
-    if (st->n_recs + (size_t)n > st->cap_recs && st->n_recs >= PRUNE_AT)
+    if (st->n_recs + (size_t)n <= st->cap_recs)
+        return 1;
+    if (st->n_recs >= PRUNE_AT) {
         prune(st);
+        if (st->n_recs + (size_t)n <= st->cap_recs)
+            return 1;
+    }
     access_rec *p = grow(st->recs, &st->cap_recs, st->n_recs + (size_t)n, sizeof *p);
     return p ? (st->recs = p, 1) : 0;
 }
 
 static int room_for_op(op_queue *q)
 {
+    if (q->len < q->cap)
+        return 1;
     castor__cpu_op *p = grow(q->ops, &q->cap, q->len + 1, sizeof *p);
     return p ? (q->ops = p, 1) : 0;
 }
