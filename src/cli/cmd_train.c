@@ -369,7 +369,7 @@ static int fit(train_run *r)
     r->progress.validation = r->val != NULL;
     double t0 = cli_now();
     int rc = castor_model_fit(r->model, r->train, &fo, &r->train_m);
-    r->fit_seconds = cli_now() - t0 - r->ckpt_seconds;
+    r->fit_seconds = cli_now() - t0 - r->ckpt_seconds;  /* the writes so far: fit's */
     r->fitted = 1;
     cli_progress_finish(&r->progress);
 

@@ -56,7 +56,7 @@ typedef struct train_run {
     int64_t epoch0;           /* the model's completed epochs before fit */
     int fitted;               /* fit ran (a resumed run may have nothing left) */
     double fit_seconds;       /* fit's wall time less the checkpoint writes in it */
-    double ckpt_seconds;      /* writing checkpoints during fit */
+    double ckpt_seconds;      /* writing checkpoints (all of this run's) */
     castor_metrics train_m, test_m;
     double val_loss, val_accuracy; /* at the last epoch end; NaN without */
     char layers_spec[CLI_LAYERS_MAX];

@@ -89,7 +89,7 @@ int train_stop_signal(void)
 
 /* ---- checkpoints ----------------------------------------------------------------------- */
 
-int train_write_checkpoint(train_run *r)
+static int write_checkpoint(train_run *r)
 {
     int64_t step = castor_model_step(r->model);
     char path[CLI_PATH_MAX], err[CLI_PATH_MAX + 256];
@@ -119,6 +119,15 @@ int train_write_checkpoint(train_run *r)
     return 0;
 }
 
+int train_write_checkpoint(train_run *r)
+{
+    /* Disk time, not training time: kept apart from fit's seconds. */
+    double t0 = cli_now();
+    int rc = write_checkpoint(r);
+    r->ckpt_seconds += cli_now() - t0;
+    return rc;
+}
+
 int train_on_progress(void *user, const castor_progress *p)
 {
     train_run *r = user;
@@ -133,14 +142,9 @@ int train_on_progress(void *user, const castor_progress *p)
     }
     if (r->o.checkpoint_dir && p->global_step != r->last_ckpt_step &&
         (r->o.checkpoint_every == CKPT_EVERY_EPOCH ? p->epoch_end
-                                                   : p->global_step % r->o.checkpoint_every == 0)) {
-        /* Disk time, not training time: kept apart from fit's seconds. */
-        double t0 = cli_now();
-        int failed = train_write_checkpoint(r) != 0;
-        r->ckpt_seconds += cli_now() - t0;
-        if (failed)
-            return 1; /* fit stops; fit() reports r->ckpt_error */
-    }
+                                                   : p->global_step % r->o.checkpoint_every == 0) &&
+        train_write_checkpoint(r) != 0)
+        return 1; /* fit stops; fit() reports r->ckpt_error */
     return g_stop_signal != 0;
 }
 
