@@ -3,9 +3,10 @@
  * are summed a chunk at a time (in replica order, as castor__reduce_sum)
  * and each summed chunk goes to the optimizer (as castor__optim_apply)
  * while it is in L1. The sum never reaches memory: per variable that saves
- * the write of the sum and its read by the optimizer, 8 of Adam's
- * 4 * (replicas + 7) bytes (2 replicas: 36 -> 28) and SGD's 4 * (replicas +
- * 3) (20 -> 12). The arithmetic is the two functions', bit for bit.
+ * the write of the sum and its read by the optimizer, 8 of the 4 * (R + 8)
+ * bytes that summing R gradients and then Adam moved (R = 2: 40 -> 32), and
+ * of SGD's 4 * (R + 4) (24 -> 16). The arithmetic is the two functions', bit
+ * for bit.
  */
 #ifndef CASTOR_HOST_UPDATE_H
 #define CASTOR_HOST_UPDATE_H
