@@ -24,7 +24,14 @@
  * holds callers to these rules (cpu/cpu_streams.h): its work runs when the
  * host synchronizes, and an access that no event orders against a
  * conflicting one on another stream is CASTOR_MISUSE. A failure of queued
- * work may surface only at synchronize. All matrices are row-major float32.
+ * work may surface only at synchronize. Its limits: each replica (cdev) has
+ * streams of its own, so logical replicas sharing an emulated device
+ * (cpu:NxK) are ordered against each other only through the host (each
+ * synchronizes before another touches its buffers; an event of one cannot
+ * be waited on by another, and such accesses are not checked, though work
+ * run late still gives wrong numbers where a synchronize is missing), and
+ * freeing memory runs the freeing replica's queued work, not its siblings'.
+ * All matrices are row-major float32.
  */
 #ifndef CASTOR_DEVICE_H
 #define CASTOR_DEVICE_H

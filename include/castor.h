@@ -119,9 +119,12 @@ typedef struct castor_strategy castor_strategy;
  * devices: a comma-separated list.
  *   "cpu"        one emulated CPU device
  *   "cpu:N"      N emulated CPU devices (N replicas)
- *   "cpu:NxK"    N emulated CPU devices, each shared by K replicas (the
- *                device's budget split between them): the emulated twin
- *                of cuda:IxK, whose mirrored all-reduce runs on the device
+ *   "cpu:NxK"    N emulated CPU devices, each shared by K replicas: the
+ *                emulated twin of cuda:IxK, whose mirrored all-reduce runs
+ *                on the device. The device's budget (device_memory_budget,
+ *                or 1 GiB) is split between its K replicas, as a GPU's
+ *                free memory is when no budget is given; a budget given for
+ *                cuda:IxK is each replica's own.
  *   "cuda"       every GPU
  *   "cuda:0,cuda:1"  the GPUs listed
  *   "cuda:0x4"   four logical replicas sharing GPU 0

@@ -229,7 +229,7 @@ Test(cpu_streams, a_failure_in_queued_work_drops_what_follows_and_is_reported_on
     castor__cdev_free(cpu_dev, label, sizeof bad);
 }
 
-Test(cpu_streams, an_event_of_another_device_is_refused)
+Test(cpu_streams, an_event_of_another_replica_is_refused)
 {
     cdev *other = NULL;
     char err[128];
@@ -237,7 +237,7 @@ Test(cpu_streams, an_event_of_another_device_is_refused)
     cdev_event *ev = NULL;
     cr_assert_eq(other->iface->event_create(other, &ev), CASTOR_OK);
     cr_assert_eq(cpu_dev->iface->event_record(cpu_dev, ev, CDEV_STREAM_H2D), CASTOR_MISUSE);
-    cr_assert(strstr(cpu_dev->errmsg, "another device (cpu:1)"), "%s", cpu_dev->errmsg);
+    cr_assert(strstr(cpu_dev->errmsg, "an event of cpu:1"), "%s", cpu_dev->errmsg);
     cr_assert_eq(cpu_dev->iface->stream_wait(cpu_dev, CDEV_STREAM_H2D, ev), CASTOR_MISUSE);
     other->iface->event_destroy(other, ev);
     castor__cdev_destroy(other);

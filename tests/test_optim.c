@@ -249,10 +249,12 @@ Test(optim, pool_split_is_bitwise_identical)
 Test(optim, one_pass_update_is_the_sum_then_the_optimizer)
 {
     const size_t sizes[] = {1, 1023, 1025, ((size_t)1 << 16) + 7};
-    castor_optimizer opts[4] = {
+    castor_optimizer opts[5] = {
         castor_optimizer_defaults(CASTOR_OPT_SGD), castor_optimizer_defaults(CASTOR_OPT_SGD),
-        castor_optimizer_defaults(CASTOR_OPT_ADAM), castor_optimizer_defaults(CASTOR_OPT_ADAMW)};
+        castor_optimizer_defaults(CASTOR_OPT_SGD), castor_optimizer_defaults(CASTOR_OPT_ADAM),
+        castor_optimizer_defaults(CASTOR_OPT_ADAMW)};
     opts[1].momentum = 0.9f, opts[1].nesterov = 1;
+    opts[2].momentum = 0.8f;
     castor__pool *pool;
     cr_assert_eq(castor__pool_create(3, &pool), CASTOR_OK);
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
@@ -263,7 +265,7 @@ Test(optim, one_pass_update_is_the_sum_then_the_optimizer)
         cr_assert(sum && p0 && p1 && s0 && s1);
         for (int k = 0; k < 5; k++)
             cr_assert_not_null(g[k] = malloc(n * sizeof(float)));
-        for (int o = 0; o < 4; o++)
+        for (int o = 0; o < 5; o++)
             for (int ngrads = 0; ngrads <= 5; ngrads++) {
                 uint64_t rng = 11 + (uint64_t)(o * 7 + ngrads);
                 fill(&rng, p0, n, -1, 1);

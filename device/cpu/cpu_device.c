@@ -157,11 +157,14 @@ static void cpu_event_destroy(cdev *dev, cdev_event *ev)
     free(ev);
 }
 
-/* The emulated streams of two devices are apart: an event orders only its
- * own device's work. */
+/* Every replica's emulated streams are its own, those of replicas sharing
+ * an emulated device too: an event orders only its own replica's work
+ * (device.h); across replicas the host synchronizes. */
 static int foreign_event(cdev *dev, const char *op, const cdev_event *ev)
 {
-    return castor__cdev_fail(dev, CASTOR_MISUSE, "%s: %s with an event of another device (%s)",
+    return castor__cdev_fail(dev, CASTOR_MISUSE,
+                             "%s: %s with an event of %s: the emulated device orders work across "
+                             "replicas only through the host (synchronize)",
                              dev->name, op, ev->dev->name);
 }
 

@@ -86,6 +86,10 @@ int main(void)
     double mirrored = train(CASTOR_STRATEGY_MIRRORED, "cpu:3", 7);
     CHECK(mirrored > 0, "mirrored on cpu:3 trains");
     CHECK(central == mirrored, "central %.9g == mirrored %.9g", central, mirrored);
+    /* Replicas sharing one emulated device: mirrored sums on it, replica 0
+     * reading the others' buffers once they have synchronized. */
+    double shared = train(CASTOR_STRATEGY_MIRRORED, "cpu:1x3", 7);
+    CHECK(shared == central, "mirrored on cpu:1x3 %.9g == central on cpu:3 %.9g", shared, central);
 
     pthread_t t[2];
     double loss[2] = {0, 0};
