@@ -147,18 +147,9 @@ static void devset_close(devset *ds)
     ds->n = 0;
 }
 
-static int devset_add(devset *ds, cdev *dev)
-{
-    if (ds->n >= CASTOR__MAX_REPLICAS) {
-        castor__cdev_destroy(dev);
-        return -1;
-    }
-    ds->dev[ds->n++] = dev;
-    return 0;
-}
-
-/* The devices castor_strategy_create opens for the list (the same parser):
- * cpu, cpu:N, cpu:NxK, cuda, cuda:I, cuda:IxK. */
+/* The devices castor_strategy_create opens for the list (the same parser
+ * and opening); the CPU devices' budget is only bookkeeping here, so it
+ * makes room for the largest GEMM. */
 static int devset_open(devset *ds, const bench_config *c, char *err, size_t errlen)
 {
     memset(ds, 0, sizeof *ds);
@@ -166,54 +157,18 @@ static int devset_open(devset *ds, const bench_config *c, char *err, size_t errl
     int n_entries = 0;
     if (castor__device_list_parse(c->devices, entries, &n_entries, err, errlen))
         return -1;
-    int cpu_ordinal = 0;
-    for (int i = 0; i < n_entries; i++) {
-        const castor__device_entry *e = &entries[i];
-        cdev *dev = NULL;
-        if (!e->cuda) {
-            size_t budget = c->device_memory > CPU_LIMIT_BUDGET ? c->device_memory
-                                                                 : CPU_LIMIT_BUDGET;
-            for (int j = 0; j < e->replicas; j++, cpu_ordinal++)
-                for (int k = 0; k < e->shared; k++) {
-                    if (castor__cdev_cpu_create(cpu_ordinal, k, budget, &dev, err, errlen))
-                        return -1;
-                    if (devset_add(ds, dev))
-                        goto too_many;
-                }
-            continue;
-        }
-        const char *why = NULL;
-        int count = castor__cdev_cuda_count(&why);
-        if (count <= 0) {
-            snprintf(err, errlen, "no CUDA GPU can be used: %s", why ? why : "none found");
-            return -1;
-        }
-        int first = e->ordinal < 0 ? 0 : e->ordinal;
-        int last = e->ordinal < 0 ? count - 1 : e->ordinal;
-        for (int g = first; g <= last; g++) {
-            int first_replica = ds->n;
-            for (int j = 0; j < e->replicas; j++) {
-                if (castor__cdev_cuda_create(g, j, c->device_memory, c->tf32, &dev, err, errlen))
-                    return -1;
-                if (devset_add(ds, dev))
-                    goto too_many;
-                ds->cuda++;
-            }
-            /* As castor_strategy_create: logical replicas share the GPU's
-             * free memory (each counted all of it as its own). */
-            if (!c->device_memory)
-                for (int j = first_replica; j < ds->n; j++)
-                    ds->dev[j]->budget /= (size_t)e->replicas;
-        }
-    }
+    size_t cpu_budget = c->device_memory > CPU_LIMIT_BUDGET ? c->device_memory : CPU_LIMIT_BUDGET;
+    int rc = castor__devices_open(entries, n_entries, cpu_budget, c->device_memory, c->tf32,
+                                  ds->dev, &ds->n, err, errlen);
+    for (int i = 0; i < ds->n; i++)
+        ds->cuda += strcmp(ds->dev[i]->iface->backend, "cuda") == 0;
+    if (rc)
+        return -1;
     if (ds->n == 0) {
         snprintf(err, errlen, "no devices in '%s'", c->devices);
         return -1;
     }
     return 0;
-too_many:
-    snprintf(err, errlen, "more than %d devices", CASTOR__MAX_REPLICAS);
-    return -1;
 }
 
 /* ---- work on every device at once ---------------------------------------- */

@@ -1,4 +1,4 @@
-/* The device list's syntax (device_list.h). */
+/* The device list's syntax, and opening the devices it names (device_list.h). */
 #include "device_list.h"
 
 #include <stdarg.h>
@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "castor.h"
+#include "device/device.h"
 #include "util.h"
 
 static int list_fail(char *err, size_t errlen, const char *fmt, ...)
@@ -141,4 +142,76 @@ int castor__device_list_parse(const char *spec, castor__device_entry *entries, i
     }
     *n_out = n;
     return CASTOR_OK;
+}
+
+/* dev into devs[*n], or destroyed when there is no room. */
+static int add_device(cdev **devs, int *n, cdev *dev, char *err, size_t errlen)
+{
+    if (*n >= CASTOR__MAX_REPLICAS) {
+        castor__cdev_destroy(dev);
+        return list_fail(err, errlen, "too many replicas: at most %d", CASTOR__MAX_REPLICAS);
+    }
+    devs[(*n)++] = dev;
+    return CASTOR_OK;
+}
+
+static int open_cpu(const castor__device_entry *e, size_t budget, int *next_ordinal, cdev **devs,
+                    int *n, char *err, size_t errlen)
+{
+    /* Replicas sharing an emulated device share its budget, as logical
+     * replicas share a GPU's memory. */
+    budget /= (size_t)e->shared;
+    for (int i = 0; i < e->replicas; i++, (*next_ordinal)++)
+        for (int k = 0; k < e->shared; k++) {
+            cdev *dev = NULL;
+            int rc = castor__cdev_cpu_create(*next_ordinal, k, budget, &dev, err, errlen);
+            if (rc || (rc = add_device(devs, n, dev, err, errlen)))
+                return rc;
+        }
+    return CASTOR_OK;
+}
+
+static int open_cuda(const castor__device_entry *e, size_t budget, int tf32, cdev **devs, int *n,
+                     char *err, size_t errlen)
+{
+    const char *why = NULL;
+    int count = castor__cdev_cuda_count(&why);
+    if (count <= 0) {
+        if (err && errlen)
+            snprintf(err, errlen, "no CUDA GPU can be used: %s", why ? why : "none found");
+        return CASTOR_UNSUPPORTED;
+    }
+    if (e->ordinal >= count)
+        return list_fail(err, errlen, "no GPU cuda:%d: this machine has %d (cuda:0..%d)",
+                         e->ordinal, count, count - 1);
+    int first = e->ordinal < 0 ? 0 : e->ordinal;
+    int last = e->ordinal < 0 ? count - 1 : e->ordinal;
+    for (int g = first; g <= last; g++) {
+        int first_replica = *n;
+        for (int k = 0; k < e->replicas; k++) {
+            cdev *dev = NULL;
+            int rc = castor__cdev_cuda_create(g, k, budget, tf32, &dev, err, errlen);
+            if (rc || (rc = add_device(devs, n, dev, err, errlen)))
+                return rc;
+        }
+        /* Without a budget each replica would count the GPU's whole free
+         * memory as its own; logical replicas share it evenly instead. */
+        if (!budget)
+            for (int i = first_replica; i < *n; i++)
+                devs[i]->budget /= (size_t)e->replicas;
+    }
+    return CASTOR_OK;
+}
+
+int castor__devices_open(const castor__device_entry *entries, int n_entries, size_t cpu_budget,
+                         size_t cuda_budget, int tf32, cdev **devs, int *n_out, char *err,
+                         size_t errlen)
+{
+    int next_cpu = 0, rc = CASTOR_OK;
+    *n_out = 0;
+    for (int i = 0; i < n_entries && !rc; i++)
+        rc = entries[i].cuda
+                 ? open_cuda(&entries[i], cuda_budget, tf32, devs, n_out, err, errlen)
+                 : open_cpu(&entries[i], cpu_budget, &next_cpu, devs, n_out, err, errlen);
+    return rc;
 }

@@ -31,4 +31,20 @@ typedef struct castor__device_entry {
 int castor__device_list_parse(const char *spec, castor__device_entry *entries, int *n_out,
                               char *err, size_t errlen);
 
+struct cdev;
+/*
+ * Open the replicas the entries name, in list order, into
+ * devs[CASTOR__MAX_REPLICAS]: one per emulated device and logical replica,
+ * the devices numbered from 0 in list order, each device's cpu_budget split
+ * between its K replicas (cpu:NxK); one per GPU and logical replica, with
+ * cuda_budget (0: the GPU's free memory, split between its logical
+ * replicas). castor_strategy_create and the bench both open through this,
+ * so the bench measures the very devices that training uses. *n_out is
+ * how many were opened, on failure too (the caller destroys them);
+ * returns CASTOR_OK or the failing status with err saying why.
+ */
+int castor__devices_open(const castor__device_entry *entries, int n_entries, size_t cpu_budget,
+                         size_t cuda_budget, int tf32, struct cdev **devs, int *n_out, char *err,
+                         size_t errlen);
+
 #endif /* CASTOR_DEVICE_LIST_H */

@@ -40,76 +40,6 @@ static int strategy_fail(castor_strategy *s, int code, const char *fmt, ...)
     return code;
 }
 
-static int add_device(castor_strategy *s, cdev *dev)
-{
-    if (s->n_replicas >= CASTOR__MAX_REPLICAS) {
-        castor__cdev_destroy(dev);
-        return strategy_fail(s, CASTOR_INVALID, "too many replicas: at most %d", CASTOR__MAX_REPLICAS);
-    }
-    s->devs[s->n_replicas++] = dev;
-    return CASTOR_OK;
-}
-
-/* Emulated devices are numbered in list order: one past the last opened. */
-static int next_cpu_ordinal(const castor_strategy *s)
-{
-    int next = 0;
-    for (int i = 0; i < s->n_replicas; i++)
-        if (strcmp(s->devs[i]->iface->backend, "cpu") == 0 && s->devs[i]->ordinal >= next)
-            next = s->devs[i]->ordinal + 1;
-    return next;
-}
-
-static int open_entry(castor_strategy *s, const castor__device_entry *e)
-{
-    char err[384] = "";
-    cdev *dev = NULL;
-    int rc;
-    if (!e->cuda) {
-        /* Replicas sharing an emulated device share its budget, as logical
-         * replicas share a GPU's memory. */
-        size_t budget = (s->opts.device_memory_budget ? s->opts.device_memory_budget
-                                                       : DEFAULT_CPU_BUDGET) / (size_t)e->shared;
-        for (int i = 0; i < e->replicas; i++) {
-            int ordinal = next_cpu_ordinal(s);
-            for (int k = 0; k < e->shared; k++) {
-                if ((rc = castor__cdev_cpu_create(ordinal, k, budget, &dev, err, sizeof err)))
-                    return strategy_fail(s, rc, "%s", err);
-                if ((rc = add_device(s, dev)))
-                    return rc;
-            }
-        }
-        return CASTOR_OK;
-    }
-    const char *why = NULL;
-    int count = castor__cdev_cuda_count(&why);
-    if (count <= 0)
-        return strategy_fail(s, CASTOR_UNSUPPORTED, "no CUDA GPU can be used: %s",
-                             why ? why : "none found");
-    int first = e->ordinal < 0 ? 0 : e->ordinal;
-    int last = e->ordinal < 0 ? count - 1 : e->ordinal;
-    if (e->ordinal >= count)
-        return strategy_fail(s, CASTOR_INVALID, "no GPU cuda:%d: this machine has %d (cuda:0..%d)",
-                             e->ordinal, count, count - 1);
-    for (int g = first; g <= last; g++) {
-        int first_replica = s->n_replicas;
-        for (int k = 0; k < e->replicas; k++) {
-            if ((rc = castor__cdev_cuda_create(g, k, s->opts.device_memory_budget, s->opts.tf32,
-                                               &dev, err, sizeof err)))
-                return strategy_fail(s, rc, "%s", err);
-            if ((rc = add_device(s, dev)))
-                return rc;
-        }
-        /* Without a budget each replica would count the GPU's whole free
-         * memory as its own; logical replicas share it evenly instead. */
-        if (!s->opts.device_memory_budget)
-            for (int i = first_replica; i < s->n_replicas; i++)
-                s->devs[i]->budget /= (size_t)e->replicas;
-    }
-    s->use_cuda = 1;
-    return CASTOR_OK;
-}
-
 static int open_devices(castor_strategy *s, const char *spec)
 {
     castor__device_entry entries[CASTOR__MAX_REPLICAS];
@@ -120,9 +50,13 @@ static int open_devices(castor_strategy *s, const char *spec)
     s->devs = calloc(CASTOR__MAX_REPLICAS, sizeof *s->devs);
     if (!s->devs)
         return strategy_fail(s, CASTOR_NOMEM, "out of memory");
-    for (int i = 0; i < n_entries; i++)
-        if ((rc = open_entry(s, &entries[i])))
-            return rc;
+    size_t budget = s->opts.device_memory_budget;
+    rc = castor__devices_open(entries, n_entries, budget ? budget : DEFAULT_CPU_BUDGET, budget,
+                              s->opts.tf32, s->devs, &s->n_replicas, s->errmsg, sizeof s->errmsg);
+    for (int i = 0; i < s->n_replicas; i++)
+        s->use_cuda |= strcmp(s->devs[i]->iface->backend, "cuda") == 0;
+    if (rc)
+        return rc;
     if (s->n_replicas == 0)
         return strategy_fail(s, CASTOR_INVALID, "no devices in '%s'", spec);
     return CASTOR_OK;
