@@ -462,16 +462,10 @@ int bench_limits_measure(const bench_config *c, bench_limits *L)
                       ds.dev[j]->ordinal == ds.dev[i]->ordinal);
         L->gpus += first;
     }
-    /* As src/mirrored.c chooses its all-reduce. */
-    L->same_device = ds.cuda == ds.n || ds.cuda == 0;
-    L->distinct_gpus = ds.cuda == ds.n;
-    for (int i = 1; i < ds.n; i++) {
-        if (ds.dev[i]->ordinal != ds.dev[0]->ordinal)
-            L->same_device = 0;
-        for (int j = 0; j < i; j++)
-            if (ds.dev[j]->ordinal == ds.dev[i]->ordinal)
-                L->distinct_gpus = 0;
-    }
+    /* What src/mirrored.c chooses its all-reduce by. */
+    castor__placement where = castor__devices_placement(ds.dev, ds.n);
+    L->same_device = where.same_device;
+    L->distinct_gpus = where.distinct_gpus;
     castor__pool *pool = NULL, *hpool = NULL;
     if (castor__pool_create(ds.n, &pool) || castor__pool_create(L->host_threads, &hpool)) {
         castor__pool_free(pool);

@@ -215,3 +215,19 @@ int castor__devices_open(const castor__device_entry *entries, int n_entries, siz
                  : open_cpu(&entries[i], cpu_budget, &next_cpu, devs, n_out, err, errlen);
     return rc;
 }
+
+castor__placement castor__devices_placement(cdev *const *devs, int n)
+{
+    castor__placement p = {1, 1};
+    for (int i = 0; i < n; i++) {
+        if (strcmp(devs[i]->iface->backend, "cuda") != 0)
+            p.distinct_gpus = 0;
+        if (devs[i]->ordinal != devs[0]->ordinal ||
+            strcmp(devs[i]->iface->backend, devs[0]->iface->backend) != 0)
+            p.same_device = 0;
+        for (int j = 0; j < i; j++)
+            if (devs[j]->ordinal == devs[i]->ordinal)
+                p.distinct_gpus = 0;
+    }
+    return p;
+}

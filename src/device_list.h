@@ -47,4 +47,12 @@ int castor__devices_open(const castor__device_entry *entries, int n_entries, siz
                          size_t cuda_budget, int tf32, struct cdev **devs, int *n_out, char *err,
                          size_t errlen);
 
+/* Where n opened replicas are, which decides mirrored's all-reduce
+ * (src/mirrored.c) and the bench's bound for it. */
+typedef struct castor__placement {
+    int same_device;    /* all on one device: a GPU, or one emulated device (cpu:1xK) */
+    int distinct_gpus;  /* all on GPUs, each on one of its own */
+} castor__placement;
+castor__placement castor__devices_placement(struct cdev *const *devs, int n);
+
 #endif /* CASTOR_DEVICE_LIST_H */

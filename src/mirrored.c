@@ -201,23 +201,11 @@ static int choose_reduction(castor_model *m)
     castor__runtime *rt = m->rt;
     if (rt->n == 1)
         return REDUCE_NONE;
-    int all_cuda = 1, same_device = 1, distinct = 1;
-    for (int i = 0; i < rt->n; i++) {
-        if (strcmp(s->devs[i]->iface->backend, "cuda") != 0)
-            all_cuda = 0;
-        if (s->devs[i]->ordinal != s->devs[0]->ordinal ||
-            strcmp(s->devs[i]->iface->backend, s->devs[0]->iface->backend) != 0)
-            same_device = 0;
-        for (int j = 0; j < i; j++)
-            if (s->devs[j]->ordinal == s->devs[i]->ordinal)
-                distinct = 0;
-    }
-    if (same_device)
+    castor__placement where = castor__devices_placement(s->devs, rt->n);
+    if (where.same_device)
         return REDUCE_SHARED;
-    if (!all_cuda)
-        return REDUCE_HOST;
 #ifdef CASTOR_HAVE_CUDA
-    if (distinct) {
+    if (where.distinct_gpus) {
         int ordinals[CASTOR__MAX_REPLICAS];
         for (int i = 0; i < rt->n; i++)
             ordinals[i] = s->devs[i]->ordinal;
@@ -231,10 +219,8 @@ static int choose_reduction(castor_model *m)
         castor__log(s, CASTOR_LOG_WARN, "NCCL unavailable (%s); all-reducing through the host",
                     err[0] ? err : "out of memory");
     }
-#else
-    (void)distinct;
 #endif
-    return REDUCE_HOST;
+    return REDUCE_HOST;  /* emulated devices, a mix, or GPUs some replicas share */
 }
 
 static int mirrored_prepare(castor_model *m)
