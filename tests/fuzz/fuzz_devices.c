@@ -25,7 +25,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (int i = 0; i < n; i++)
             if (entries[i].replicas < 1 || entries[i].replicas > CASTOR__MAX_REPLICAS ||
                 entries[i].ordinal < -1 || entries[i].ordinal > 1023 ||
-                (!entries[i].cuda && entries[i].ordinal != 0))
+                (!entries[i].cuda && entries[i].ordinal != 0) ||
+                /* cpu:NxK: K replicas share each device, N * K at most the limit */
+                entries[i].shared < 1 || (entries[i].cuda && entries[i].shared != 1) ||
+                entries[i].replicas * entries[i].shared > CASTOR__MAX_REPLICAS)
                 abort();
     } else if (n != 0 || !err[0] || strlen(err) >= sizeof err) {
         abort();
