@@ -16,14 +16,15 @@
 
 /* ---- the kernels: one pass over len variables, no calls, no aliasing ---- */
 
-static inline void castor__sgd_kernel(float *restrict p, const float *restrict g, size_t len, float lr)
+static inline void castor__sgd_kernel(float *restrict p, const float *restrict g, size_t len,
+                                      float lr)
 {
     for (size_t i = 0; i < len; i++)
         p[i] -= lr * g[i];
 }
 
 static inline void castor__momentum_kernel(float *restrict p, const float *restrict g,
-                                   float *restrict vel, size_t len, float mu, float lr)
+                                           float *restrict vel, size_t len, float mu, float lr)
 {
     for (size_t i = 0; i < len; i++) {
         vel[i] = mu * vel[i] - lr * g[i];
@@ -32,7 +33,7 @@ static inline void castor__momentum_kernel(float *restrict p, const float *restr
 }
 
 static inline void castor__nesterov_kernel(float *restrict p, const float *restrict g,
-                                   float *restrict vel, size_t len, float mu, float lr)
+                                           float *restrict vel, size_t len, float mu, float lr)
 {
     for (size_t i = 0; i < len; i++) {
         vel[i] = mu * vel[i] - lr * g[i];
@@ -50,9 +51,10 @@ static inline void castor__decay_kernel(float *restrict p, size_t len, float lr_
 
 /* sqrtf here is inlined as one instruction; gcc vectorises it only when
  * -fno-math-errno is on, since the library call may set errno. */
-static inline void castor__adam_kernel(float *restrict p, const float *restrict g, float *restrict m,
-                               float *restrict v, size_t len, float one_minus_b1,
-                               float one_minus_b2, float alpha, float eps)
+static inline void castor__adam_kernel(float *restrict p, const float *restrict g,
+                                       float *restrict m, float *restrict v, size_t len,
+                                       float one_minus_b1, float one_minus_b2, float alpha,
+                                       float eps)
 {
     for (size_t i = 0; i < len; i++) {
         m[i] += (g[i] - m[i]) * one_minus_b1;

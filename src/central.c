@@ -3,7 +3,8 @@
  * host. Each step every replica uploads the current variables layer by
  * layer, computes its slice's gradient and hands it back; the host sums the
  * replicas' gradients in replica order and applies the optimizer to the
- * master copy, both in one pass. A failure on any replica leaves the master copy untouched.
+ * master copy, both in one pass. A failure on any replica leaves the master
+ * copy untouched.
  */
 #include "host/update.h"
 #include "util.h"

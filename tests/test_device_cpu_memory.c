@@ -230,7 +230,8 @@ Test(cpu_device, concurrent_replicas_agree_with_one)
     pthread_t t[2];
     char err[128];
     for (int i = 0; i < 2; i++) {
-        cr_assert_eq(castor__cdev_cpu_create(i + 1, 0, BUDGET, &devs[i], err, sizeof err), CASTOR_OK);
+        cr_assert_eq(castor__cdev_cpu_create(i + 1, 0, BUDGET, &devs[i], err, sizeof err),
+                     CASTOR_OK);
         jobs[i] = (gemm_job){devs[i], a, b, malloc(sizeof(float) * m * n), m, n, k, 20, 0};
         cr_assert_eq(pthread_create(&t[i], NULL, gemm_thread, &jobs[i]), 0);
     }

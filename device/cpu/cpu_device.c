@@ -91,7 +91,7 @@ static int run_copy(cdev *dev, const castor__cpu_op *op)
     (void)dev;
     const copy_args *c = ARGS(copy_args, op);
     if (c->src)
-        memcpy(c->dst, c->src, c->bytes);  /* overlap is a caller bug, as on CUDA; ASan reports it */
+        memcpy(c->dst, c->src, c->bytes);  /* overlap is a caller bug, as on CUDA (ASan says) */
     else
         memset(c->dst, 0, c->bytes);
     return CASTOR_OK;
