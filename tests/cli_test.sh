@@ -361,6 +361,13 @@ else
     bad "train --loss mse: status $rc" "$(cat "$T/out" "$T/err")"
 fi
 expect_error 2 "--loss mse with fewer units than classes" "${TRAIN[@]}" --layers 4 --loss mse --epochs 1
+expect_error 2 "--loss mse with one unit for ten classes" "${TRAIN[@]}" --layers 1 --loss mse \
+    --epochs 1
+if grep -q 'the last layer has 1 unit (' "$T/err"; then
+    ok "one unit is '1 unit'"
+else
+    bad "one unit is '1 unit'" "$(cat "$T/err")"
+fi
 
 run "${TRAIN[@]}" --devices cpu --epochs 1 --batch 64
 if [[ $rc -eq 0 ]] && grep -q '^test: ' "$T/out" && grep -q 'accuracy' "$T/out"; then

@@ -92,8 +92,8 @@ int cli_check_labels(const castor_dataset *ds, int units, const char *which, con
     const int32_t *labels = castor_dataset_labels(ds);
     for (size_t i = 0; i < n; i++) {
         if (labels[i] < 0 || labels[i] >= units) {
-            cli_errorf("%s: the %s set has class %d but the last layer has %d units (%s)", what,
-                       which, (int)labels[i], units, why);
+            cli_errorf("%s: the %s set has class %d but the last layer has %d unit%s (%s)", what,
+                       which, (int)labels[i], units, units == 1 ? "" : "s", why);
             return CLI_EXIT_USAGE;
         }
     }
