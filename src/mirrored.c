@@ -23,7 +23,6 @@
  *                  backend this too is bitwise the host's sum.
  */
 #include <stdlib.h>
-#include <string.h>
 
 #include "strategy.h"
 #include "util.h"
