@@ -24,7 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "host/pool.h"
+#include "host/cores.h"
 #include "src/cli/args.h"
 #include "src/cli/cli.h"
 #include "src/cli/common.h"

@@ -38,6 +38,7 @@
 
 #include "device/device.h"
 #include "host/pinned.h"
+#include "host/cores.h"
 #include "host/pool.h"
 #include "src/cli/args.h"
 #include "src/device_list.h"

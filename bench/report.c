@@ -15,7 +15,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "host/pool.h"
+#include "host/cores.h"
 #include "src/atomic_file.h"
 #include "src/cli/json.h"
 

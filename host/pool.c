@@ -1,8 +1,6 @@
 #include "pool.h"
 
-#include <limits.h>
 #include <pthread.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -196,19 +194,4 @@ void castor__pool_for(castor__pool *pool, size_t count, size_t min_parallel,
     }
     range_job job = {fn, ctx, count, chunk};
     castor__pool_run(pool, range_task, &job);
-}
-
-int castor__cpu_count(void)
-{
-    long online = sysconf(_SC_NPROCESSORS_ONLN);
-    int cores = online > 0 ? (online > INT_MAX ? INT_MAX : (int)online) : 1;
-    /* A process confined by taskset or a container's cpuset gets fewer cores
-     * than are online; more threads than that only adds stragglers. */
-    cpu_set_t allowed;
-    if (sched_getaffinity(0, sizeof allowed, &allowed) == 0) {
-        int usable = CPU_COUNT(&allowed);
-        if (usable > 0 && usable < cores)
-            cores = usable;
-    }
-    return cores;
 }

@@ -29,7 +29,4 @@ void castor__pool_run(castor__pool *pool, castor__pool_fn fn, void *ctx);
 void castor__pool_for(castor__pool *pool, size_t count, size_t min_parallel,
                       castor__range_fn fn, void *ctx);
 
-/* Cores online (at least 1). */
-int castor__cpu_count(void);
-
 #endif

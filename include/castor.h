@@ -101,7 +101,9 @@ typedef struct castor_strategy_options {
      * default (1 GiB). CUDA devices are limited by their own memory, or by
      * this value if it is non-zero and smaller. */
     size_t device_memory_budget;
-    /* Host threads for the reduction and the optimizer; 0 = one per core. */
+    /* Host threads for the reduction and the optimizer; 0 = one per core the
+     * process may use (fewer than are online under taskset, a cpuset or a
+     * cgroup CPU quota such as docker --cpus). */
     int host_threads;
     /* Allow TF32 tensor-core math on CUDA devices (off: plain fp32). */
     int tf32;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "host/cores.h"
 #include "host/reduce.h"
 #ifdef CASTOR_HAVE_CUDA
 #include "device/cuda/nccl.h"

@@ -288,6 +288,41 @@ assert d["cpu_cores"] == 1 and d["cpu_cores_online"] >= 2, d' 2>"$T/py"; then
 else
     ok "castor info under taskset -c 0: skipped (no taskset, or fewer than 2 cores)"
 fi
+# Under a cgroup CPU quota of one core (docker --cpus 1, a Kubernetes CPU
+# limit), one core: threads beyond the quota only get the group throttled (it
+# counted every core the cpuset allows). Needs a cgroup this test may make:
+# root and a writable cpu controller, v1's or v2's.
+cg=
+if [[ $(getconf _NPROCESSORS_ONLN) -ge 2 ]]; then
+    if [[ -f /sys/fs/cgroup/cpu/cpu.cfs_quota_us ]] &&
+        mkdir "/sys/fs/cgroup/cpu/castor-test-$$" 2>/dev/null; then
+        cg=/sys/fs/cgroup/cpu/castor-test-$$
+        { echo 100000 >"$cg/cpu.cfs_period_us" && echo 100000 >"$cg/cpu.cfs_quota_us"; } \
+            2>/dev/null || { rmdir "$cg"; cg=; }
+    elif [[ -f /sys/fs/cgroup/cgroup.controllers ]] &&
+        grep -qw cpu /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null &&
+        mkdir "/sys/fs/cgroup/castor-test-$$" 2>/dev/null; then
+        cg=/sys/fs/cgroup/castor-test-$$
+        echo "100000 100000" 2>/dev/null >"$cg/cpu.max" || { rmdir "$cg"; cg=; }
+    fi
+fi
+if [[ -n $cg ]]; then
+    sh -c 'echo $$ >"$1/cgroup.procs" && exec "$2" info --json' sh "$cg" "$BIN" \
+        >"$T/out" 2>"$T/err"
+    rc=$?
+    rmdir "$cg" 2>/dev/null
+    if [[ $rc -eq 0 ]] && tail -n 1 "$T/out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+assert d["cpu_cores"] == 1 and d["cpu_cores_online"] >= 2, d' 2>"$T/py"; then
+        ok "castor info under a cgroup quota of one core: 1 core"
+    else
+        bad "castor info under a cgroup quota of one core: status $rc" \
+            "$(cat "$T/out" "$T/err" "$T/py")"
+    fi
+else
+    ok "castor info under a cgroup quota: skipped (no cgroup this test may make)"
+fi
 
 # ---- training -------------------------------------------------------------------------------
 check_json() { # check_json NAME EXTRA-PYTHON-ASSERTS

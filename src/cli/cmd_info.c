@@ -4,7 +4,7 @@
 #include <unistd.h>
 
 #include "castor.h"
-#include "host/pool.h"
+#include "host/cores.h"
 #include "args.h"
 #include "cli.h"
 #include "common.h"
@@ -23,9 +23,9 @@ void castor_cli_info_usage(FILE *out)
             "usage: castor info [--json]\n"
             "\n"
             "Show castor's version, the features compiled into this build, the CPU\n"
-            "cores it may run on (taskset or a container's cpuset may allow fewer\n"
-            "than are online), and every GPU this build can use (name, memory,\n"
-            "compute capability, PCI bus id), or why there is none.\n"
+            "cores it may run on (taskset, a container's cpuset or its CPU quota\n"
+            "may allow fewer than are online), and every GPU this build can use\n"
+            "(name, memory, compute capability, PCI bus id), or why there is none.\n"
             "\n"
             "flags:\n");
     cli_print_flags(out, info_flags);
@@ -138,8 +138,8 @@ int castor_cli_info(int argc, char **argv)
     }
 
     /* The cores castor's threads may run on, as the library and castor
-     * bench count them (bench.json's cpu_cores): under taskset or a
-     * container's cpuset fewer than are online. */
+     * bench count them (bench.json's cpu_cores): under taskset, a
+     * container's cpuset or its CPU quota fewer than are online. */
     long cores = castor__cpu_count(), online = sysconf(_SC_NPROCESSORS_ONLN);
     if (online < cores)
         online = cores;

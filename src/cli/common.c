@@ -12,7 +12,7 @@
 
 #include "args.h"
 #include "ckpt.h"
-#include "host/pool.h"
+#include "host/cores.h"
 #include "src/device_list.h"
 
 const char *cli_data_dir(const char *data)
@@ -42,8 +42,8 @@ int cli_blas_threads(const char *devices)
     long replicas = cpu_replicas(devices);
     if (replicas <= 0 || getenv("OPENBLAS_NUM_THREADS"))
         return 0;
-    /* The cores this process may run on (taskset, a container's cpuset),
-     * as the library counts them: not every core online. */
+    /* The cores this process may run on (taskset, a container's cpuset or
+     * CPU quota), as the library counts them: not every core online. */
     long threads = castor__cpu_count() / replicas;
     if (threads < 1)
         threads = 1;
