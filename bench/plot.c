@@ -5,6 +5,7 @@
  */
 #include "bench/bench.h"
 
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -46,6 +47,42 @@ static void gp_quoted(FILE *f, const char *s)
             fputc(*s, f);
     }
     fputc('\'', f);
+}
+
+/* A shell single-quoted word into buf: ' becomes '\''. A word that does
+ * not fit leaves buf "/dev/null". */
+static void shell_quote(char *buf, size_t size, const char *s)
+{
+    size_t used = 0;
+    if (size < 3)
+        goto too_long;
+    buf[used++] = '\'';
+    for (; *s; s++) {
+        const char *part = *s == '\'' ? "'\\''" : s;
+        size_t len = *s == '\'' ? 4 : 1;
+        if (used + len + 2 > size)
+            goto too_long;
+        memcpy(buf + used, part, len);
+        used += len;
+    }
+    buf[used++] = '\'';
+    buf[used] = '\0';
+    return;
+too_long:
+    snprintf(buf, size, "/dev/null");
+}
+
+/* A temporary file for gnuplot's messages, in $TMPDIR where it is set, as
+ * mkstemp(3) users should (a /tmp that is not writable, or not private, is
+ * why it is set); its descriptor, or -1. */
+static int temp_log(char *path, size_t size)
+{
+    const char *dir = getenv("TMPDIR");
+    if (!dir || !dir[0])
+        dir = "/tmp";
+    int n = snprintf(path, size, "%s%scastor-gnuplot-XXXXXX", dir,
+                     dir[strlen(dir) - 1] == '/' ? "" : "/");
+    return n < 0 || (size_t)n >= size ? -1 : mkstemp(path);
 }
 
 typedef struct series {
@@ -193,11 +230,12 @@ int bench_plot(const char *dir, const bench_config *c, const bench_result *r, in
     fflush(NULL);
     /* gnuplot's stdout is ours: where `set output` fails it writes the PNG
      * there. Its messages go to a file, for the warning if it fails. */
-    char log[] = "/tmp/castor-gnuplot-XXXXXX", cmd[64];
-    int log_fd = mkstemp(log);
+    char log[PATH_MAX], cmd[2 * PATH_MAX + 64];
+    int log_fd = temp_log(log, sizeof log);
     if (log_fd >= 0)
         close(log_fd);
-    snprintf(cmd, sizeof cmd, "gnuplot >/dev/null 2>%s", log_fd >= 0 ? log : "/dev/null");
+    snprintf(cmd, sizeof cmd, "gnuplot >/dev/null 2>");
+    shell_quote(cmd + strlen(cmd), sizeof cmd - strlen(cmd), log_fd >= 0 ? log : "/dev/null");
     FILE *f = popen(cmd, "w");
     int status = -1;
     if (f) {

@@ -232,6 +232,33 @@ else
     fi
 fi
 
+# gnuplot's messages go to a temporary file in $TMPDIR (it was always in
+# /tmp), named to the shell quoted (a quote in the directory's name), and
+# removed after; its reason reaches the warning.
+FAKE="$T/fake gnuplot"
+GPTMP="$T/it's tmp"
+mkdir -p "$FAKE" "$GPTMP"
+cat >"$FAKE/gnuplot" <<'EOF'
+#!/bin/sh
+cat >/dev/null
+readlink "/proc/$$/fd/2" >"$GNUPLOT_STDERR_AT"
+echo 'line 3: all went wrong' >&2
+exit 1
+EOF
+chmod +x "$FAKE/gnuplot"
+GNUPLOT_STDERR_AT="$T/gp-stderr" TMPDIR="$GPTMP" PATH="$FAKE:$PATH" "$BIN" bench --quick \
+    --widths 8 --batches 8 --steps 1 --warmup 0 --input 16 --out "$T/plot-fails" \
+    >"$T/out" 2>"$T/err"
+rc=$?
+if grep -q "gnuplot failed (status 1: line 3: all went wrong)" "$T/err" &&
+    [[ "$(cat "$T/gp-stderr")" == "$GPTMP/castor-gnuplot-"* ]] &&
+    [[ -z "$(ls -A "$GPTMP")" ]]; then
+    ok "gnuplot's messages in \$TMPDIR, and its reason in the warning (status $rc)"
+else
+    bad "gnuplot's messages in \$TMPDIR: status $rc" \
+        "$(cat "$T/err" "$T/gp-stderr"; ls -A "$GPTMP")"
+fi
+
 # ---- a limit that cannot be measured leaves its runs without a bound ----
 # An aligned_alloc that refuses more than 8 MB fails the copy buffers (16 MiB)
 # and the host kernels' arrays at width 256, not the runs themselves.
