@@ -1,0 +1,351 @@
+/*
+ * Training semantics end to end, through the public API, against an
+ * independent double-precision forward and backward pass: one plain SGD
+ * step moves the variables by the learning rate times the mean gradient of
+ * the batch, whatever the batch size, the short last batch, the strategy
+ * and however the rows are split between replicas; evaluate's loss and
+ * accuracy are per-sample means over a dataset that is not a multiple of
+ * the batch.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "castor.h"
+#include "src/model.h"
+#include "src/rng.h"
+
+#define NS 11   /* samples: batches of 4 leave a short last batch of 3 */
+#define NF 5
+#define NC 3
+#define MAXW 16
+
+typedef struct data {
+    float x[NS * NF];
+    int32_t labels[NS];
+    float targets[NS * NC];
+} data;
+
+static void make_data(data *d, uint64_t seed)
+{
+    castor__rng rng;
+    castor__rng_seed(&rng, seed, 77, 0);
+    for (int i = 0; i < NS * NF; i++)
+        d->x[i] = 2.0f * castor__rng_uniform(&rng) - 1.0f;
+    for (int i = 0; i < NS; i++)
+        d->labels[i] = (int32_t)castor__rng_below(&rng, NC);
+    for (int i = 0; i < NS * NC; i++)
+        d->targets[i] = castor__rng_uniform(&rng);
+}
+
+static double act_d(castor_activation a, double z)
+{
+    switch (a) {
+    case CASTOR_ACT_RELU: return z > 0 ? z : 0;
+    case CASTOR_ACT_TANH: return tanh(z);
+    case CASTOR_ACT_SIGMOID: return 1.0 / (1.0 + exp(-z));
+    default: return z;
+    }
+}
+
+/* d act / d z, from z. */
+static double act_dz(castor_activation a, double z)
+{
+    switch (a) {
+    case CASTOR_ACT_RELU: return z > 0 ? 1 : 0;
+    case CASTOR_ACT_TANH: return 1 - tanh(z) * tanh(z);
+    case CASTOR_ACT_SIGMOID: {
+        double s = 1.0 / (1.0 + exp(-z));
+        return s * (1 - s);
+    }
+    default: return 1;
+    }
+}
+
+/* The loss of sample i and (if grad) its gradient, added to grad with
+ * weight w; returns the loss. *hit: the first maximum is the label. */
+static double ref_sample(const castor_model *m, const double *p, const data *d, int i,
+                         double *grad, double w, int *hit)
+{
+    double z[8][MAXW], a[9][MAXW];
+    int L = m->n_layers;
+    for (int j = 0; j < NF; j++)
+        a[0][j] = d->x[i * NF + j];
+    for (int l = 0; l < L; l++) {
+        const castor__layer *lay = &m->layers[l];
+        for (int o = 0; o < lay->out; o++) {
+            double s = p[lay->b_off + (size_t)o];
+            for (int k = 0; k < lay->in; k++)
+                s += a[l][k] * p[lay->w_off + (size_t)k * (size_t)lay->out + (size_t)o];
+            z[l][o] = s;
+            a[l + 1][o] = act_d(lay->act, s);
+        }
+    }
+    int out = m->layers[L - 1].out;
+    const double *y = a[L];
+    double loss, dy[MAXW];
+    if (m->loss == CASTOR_LOSS_SOFTMAX_XENT) {
+        int best = 0;
+        for (int c = 1; c < out; c++)
+            if (y[c] > y[best])
+                best = c;
+        *hit = best == d->labels[i];
+        double s = 0;
+        for (int c = 0; c < out; c++)
+            s += exp(y[c] - y[best]);
+        loss = log(s) + y[best] - y[d->labels[i]];
+        for (int c = 0; c < out; c++)
+            dy[c] = exp(y[c] - y[best]) / s - (c == d->labels[i]);
+    } else {
+        *hit = 0;
+        loss = 0;
+        for (int c = 0; c < out; c++) {
+            double e = y[c] - d->targets[i * NC + c];
+            loss += e * e / out;
+            dy[c] = 2 * e / out;
+        }
+    }
+    if (!grad)
+        return loss;
+    for (int l = L - 1; l >= 0; l--) {
+        const castor__layer *lay = &m->layers[l];
+        double dz[MAXW], below[MAXW] = {0};
+        for (int o = 0; o < lay->out; o++)
+            dz[o] = dy[o] * act_dz(lay->act, z[l][o]);
+        for (int o = 0; o < lay->out; o++) {
+            grad[lay->b_off + (size_t)o] += w * dz[o];
+            for (int k = 0; k < lay->in; k++) {
+                size_t at = lay->w_off + (size_t)k * (size_t)lay->out + (size_t)o;
+                grad[at] += w * a[l][k] * dz[o];
+                below[k] += p[at] * dz[o];
+            }
+        }
+        memcpy(dy, below, sizeof dy);
+    }
+    return loss;
+}
+
+static castor_model *make_model(const char *devices, castor_strategy_kind kind,
+                                const char *layers, castor_loss loss, castor_strategy **s)
+{
+    cr_assert_eq(castor_strategy_create(s, kind, devices, NULL), CASTOR_OK, "%s",
+                 castor_strategy_errmsg(*s));
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_create(&m, NF), CASTOR_OK);
+    cr_assert_eq(castor_model_add_layers(m, layers), CASTOR_OK);
+    castor_optimizer sgd = castor_optimizer_defaults(CASTOR_OPT_SGD);
+    sgd.learning_rate = 0.5f;
+    cr_assert_eq(castor_model_compile(m, *s, loss, &sgd, 5), CASTOR_OK, "%s",
+                 castor_model_errmsg(m));
+    return m;
+}
+
+static castor_dataset *make_dataset(const data *d, castor_loss loss)
+{
+    castor_dataset *ds = NULL;
+    int mse = loss == CASTOR_LOSS_MSE;
+    cr_assert_eq(castor_dataset_from_memory(&ds, d->x, NS, NF, mse ? NULL : d->labels,
+                                            mse ? d->targets : NULL, mse ? NC : 0),
+                 CASTOR_OK);
+    return ds;
+}
+
+/* An epoch of plain SGD, one step at a time, each checked against
+ * params - lr * (mean gradient over the step's rows). */
+static void sgd_steps(const char *devices, castor_strategy_kind kind, const char *layers,
+                      castor_loss loss, int batch)
+{
+    data d;
+    make_data(&d, 3);
+    castor_strategy *s = NULL;
+    castor_model *m = make_model(devices, kind, layers, loss, &s);
+    castor_dataset *ds = make_dataset(&d, loss);
+    size_t np = castor_model_num_params(m);
+    float *before = malloc(np * sizeof(float)), *after = malloc(np * sizeof(float));
+    double *p = malloc(np * sizeof(double)), *g = malloc(np * sizeof(double));
+    cr_assert_eq(castor_model_get_params(m, before, np), CASTOR_OK);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.batch_size = batch;
+    fo.shuffle = 0;
+    fo.max_steps = 1;
+    for (int first = 0; first < NS; first += batch) {
+        int rows = NS - first < batch ? NS - first : batch;
+        cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s",
+                     castor_model_errmsg(m));
+        cr_assert_eq(castor_model_get_params(m, after, np), CASTOR_OK);
+        for (size_t i = 0; i < np; i++)
+            p[i] = before[i], g[i] = 0;
+        int hit;
+        for (int i = first; i < first + rows; i++)
+            ref_sample(m, p, &d, i, g, 1.0 / rows, &hit);
+        for (size_t i = 0; i < np; i++) {
+            double want = p[i] - 0.5 * g[i];
+            double step = (double)after[i] - p[i], want_step = want - p[i];
+            cr_assert(fabs(step - want_step) <= 1e-4 * fmax(fabs(want_step), 1e-2) + 1e-6,
+                      "%s %s, batch %d, rows %d..%d: variable %zu moved %.8g, want %.8g",
+                      devices, castor_strategy_kind_name(kind), batch, first, first + rows - 1,
+                      i, step, want_step);
+        }
+        memcpy(before, after, np * sizeof(float));
+    }
+    free(before), free(after), free(p), free(g);
+    castor_dataset_free(ds);
+    castor_model_free(m);
+    castor_strategy_free(s);
+}
+
+static const char *const device_lists[] = {"cpu", "cpu:3", "cpu:1x3", "cpu:2x2"};
+
+Test(numerics, sgd_step_is_the_batch_mean_gradient_xent)
+{
+    for (size_t i = 0; i < sizeof device_lists / sizeof *device_lists; i++)
+        for (int k = 0; k < 2; k++)
+            for (int batch = 4; batch <= NS; batch += NS - 4)
+                sgd_steps(device_lists[i], (castor_strategy_kind)k, "7:tanh,6:relu,3",
+                          CASTOR_LOSS_SOFTMAX_XENT, batch);
+}
+
+Test(numerics, sgd_step_is_the_batch_mean_gradient_mse)
+{
+    for (size_t i = 0; i < sizeof device_lists / sizeof *device_lists; i++)
+        for (int k = 0; k < 2; k++)
+            for (int batch = 4; batch <= NS; batch += NS - 4)
+                sgd_steps(device_lists[i], (castor_strategy_kind)k, "6:sigmoid,3:tanh",
+                          CASTOR_LOSS_MSE, batch);
+}
+
+/* evaluate: the mean loss and the fraction correct over every sample, the
+ * short last batch and replicas without rows included. */
+static void evaluate_means(const char *devices, castor_strategy_kind kind, castor_loss loss,
+                           int batch)
+{
+    data d;
+    make_data(&d, 4);
+    castor_strategy *s = NULL;
+    castor_model *m = make_model(devices, kind, loss == CASTOR_LOSS_MSE ? "6:relu,3:sigmoid"
+                                                                        : "6:relu,3",
+                                 loss, &s);
+    castor_dataset *ds = make_dataset(&d, loss);
+    size_t np = castor_model_num_params(m);
+    float *pf = malloc(np * sizeof(float));
+    double *p = malloc(np * sizeof(double));
+    cr_assert_eq(castor_model_get_params(m, pf, np), CASTOR_OK);
+    for (size_t i = 0; i < np; i++)
+        p[i] = pf[i];
+    double loss_sum = 0;
+    int hits = 0;
+    for (int i = 0; i < NS; i++) {
+        int hit;
+        loss_sum += ref_sample(m, p, &d, i, NULL, 0, &hit);
+        hits += hit;
+    }
+    castor_metrics got;
+    cr_assert_eq(castor_model_evaluate(m, ds, batch, &got), CASTOR_OK, "%s",
+                 castor_model_errmsg(m));
+    cr_assert_eq(got.samples, NS);
+    cr_assert(fabs(got.loss - loss_sum / NS) <= 1e-5 * fmax(1, loss_sum / NS),
+              "%s batch %d: loss %.9g, want %.9g", devices, batch, got.loss, loss_sum / NS);
+    if (loss == CASTOR_LOSS_MSE)
+        cr_assert(isnan(got.accuracy));
+    else
+        cr_assert(got.accuracy == (double)hits / NS, "%s batch %d: accuracy %.9g, want %d/%d",
+                  devices, batch, got.accuracy, hits, NS);
+    free(pf), free(p);
+    castor_dataset_free(ds);
+    castor_model_free(m);
+    castor_strategy_free(s);
+}
+
+Test(numerics, evaluate_is_the_mean_over_every_sample)
+{
+    for (size_t i = 0; i < sizeof device_lists / sizeof *device_lists; i++)
+        for (int k = 0; k < 2; k++)
+            for (int batch = 4; batch <= 20; batch += 3) {
+                evaluate_means(device_lists[i], (castor_strategy_kind)k,
+                               CASTOR_LOSS_SOFTMAX_XENT, batch);
+                evaluate_means(device_lists[i], (castor_strategy_kind)k, CASTOR_LOSS_MSE, batch);
+            }
+}
+
+/* Several steps of each optimizer through fit against the textbook update
+ * on the reference gradient: the step count behind Adam's bias correction,
+ * the velocity and the moments carried from step to step, across epochs. */
+static void optimizer_steps(const char *devices, castor_strategy_kind kind, castor_optimizer opt)
+{
+    data d;
+    make_data(&d, 6);
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, kind, devices, NULL), CASTOR_OK);
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_create(&m, NF), CASTOR_OK);
+    cr_assert_eq(castor_model_add_layers(m, "6:tanh,3"), CASTOR_OK);
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, &opt, 9), CASTOR_OK, "%s",
+                 castor_model_errmsg(m));
+    castor_dataset *ds = make_dataset(&d, CASTOR_LOSS_SOFTMAX_XENT);
+    size_t np = castor_model_num_params(m);
+    float *before = malloc(np * sizeof(float)), *after = malloc(np * sizeof(float));
+    double *p = malloc(np * sizeof(double)), *g = malloc(np * sizeof(double));
+    double *s0 = calloc(np, sizeof(double)), *s1 = calloc(np, sizeof(double));
+    cr_assert_eq(castor_model_get_params(m, before, np), CASTOR_OK);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.batch_size = 4;
+    fo.shuffle = 0;
+    fo.max_steps = 1;
+    fo.epochs = 1;
+    double lr = opt.learning_rate;
+    for (int t = 1; t <= 9; t++) {
+        int first = ((t - 1) % 3) * 4, rows = first == 8 ? 3 : 4;
+        cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s",
+                     castor_model_errmsg(m));
+        cr_assert_eq(castor_model_get_params(m, after, np), CASTOR_OK);
+        for (size_t i = 0; i < np; i++)
+            p[i] = before[i], g[i] = 0;
+        int hit;
+        for (int i = first; i < first + rows; i++)
+            ref_sample(m, p, &d, i, g, 1.0 / rows, &hit);
+        for (size_t i = 0; i < np; i++) {
+            double want = p[i];
+            if (opt.kind == CASTOR_OPT_SGD) {
+                s0[i] = opt.momentum * s0[i] - lr * g[i];
+                want += opt.nesterov ? opt.momentum * s0[i] - lr * g[i] : s0[i];
+            } else {
+                double b1 = opt.beta1, b2 = opt.beta2;
+                if (opt.kind == CASTOR_OPT_ADAMW)
+                    want -= lr * opt.weight_decay * want;
+                s0[i] = b1 * s0[i] + (1 - b1) * g[i];
+                s1[i] = b2 * s1[i] + (1 - b2) * g[i] * g[i];
+                double mh = s0[i] / (1 - pow(b1, t)), vh = s1[i] / (1 - pow(b2, t));
+                want -= lr * mh / (sqrt(vh) + opt.epsilon / sqrt(1 - pow(b2, t)));
+            }
+            double step = (double)after[i] - p[i], want_step = want - p[i];
+            cr_assert(fabs(step - want_step) <= 1e-3 * fmax(fabs(want_step), 0.1 * lr),
+                      "%s %s %s step %d: variable %zu moved %.8g, want %.8g", devices,
+                      castor_strategy_kind_name(kind), castor_optimizer_kind_name(opt.kind), t,
+                      i, step, want_step);
+        }
+        memcpy(before, after, np * sizeof(float));
+    }
+    free(before), free(after), free(p), free(g), free(s0), free(s1);
+    castor_dataset_free(ds);
+    castor_model_free(m);
+    castor_strategy_free(s);
+}
+
+Test(numerics, optimizers_step_by_step)
+{
+    castor_optimizer opts[5] = {
+        castor_optimizer_defaults(CASTOR_OPT_SGD), castor_optimizer_defaults(CASTOR_OPT_SGD),
+        castor_optimizer_defaults(CASTOR_OPT_ADAM), castor_optimizer_defaults(CASTOR_OPT_ADAMW),
+        castor_optimizer_defaults(CASTOR_OPT_ADAM)};
+    opts[0].momentum = 0.9f, opts[0].learning_rate = 0.1f;
+    opts[1].momentum = 0.8f, opts[1].nesterov = 1, opts[1].learning_rate = 0.1f;
+    opts[2].learning_rate = 0.01f;
+    opts[3].learning_rate = 0.01f, opts[3].weight_decay = 0.3f;
+    opts[4].learning_rate = 0.01f, opts[4].beta1 = 0.5f, opts[4].beta2 = 0.7f;
+    opts[4].epsilon = 1e-3f;
+    for (size_t i = 0; i < sizeof device_lists / sizeof *device_lists; i++)
+        for (int k = 0; k < 2; k++)
+            for (int o = 0; o < 5; o++)
+                optimizer_steps(device_lists[i], (castor_strategy_kind)k, opts[o]);
+}
