@@ -360,8 +360,8 @@ CASTOR_API void castor_model_reset_run_stats(castor_model *model);
  * row-major, F32), "dense_0.bias" (out), ..., the optimizer slots as
  * "dense_0.kernel.adam_m" etc., and in the header's __metadata__ the
  * architecture, loss, optimizer and hyper-parameters, seed, step, epoch and
- * position in the epoch, strategy, castor version and the CRC-32 of the data
- * section. Files are written atomically (temporary file, fsync, rename,
+ * position in the epoch, strategy, devices and OpenBLAS thread count that
+ * trained it, castor version and the CRC-32 of the data section. Files are written atomically (temporary file, fsync, rename,
  * fsync of the directory): a crash leaves the old file or the new one.
  */
 

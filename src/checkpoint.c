@@ -32,6 +32,10 @@
  *                   whole RNG state and nothing else needs saving
  *   strategy, devices, replicas   what trained it (informational: a
  *                   checkpoint loads on any strategy)
+ *   blas_threads    OpenBLAS's thread count, where emulated CPU replicas
+ *                   ran the GEMMs (informational: another count sums in
+ *                   another order, so a run resumed with it goes on, but
+ *                   not bit for bit); absent where every replica is a GPU
  *   crc32           zlib CRC-32 of the data section, 8 hex digits
  *
  * The metadata is read and checked in checkpoint_meta.c; this file lays the
@@ -497,6 +501,8 @@ int castor_model_save(castor_model *m, const char *path)
     META_S("strategy", m->strategy->ops->name);
     META_S("devices", m->strategy->devices_spec);
     META_F("replicas", "%d", m->strategy->n_replicas);
+    if (castor__strategy_cpu_replicas(m->strategy))
+        META_F("blas_threads", "%d", castor__cdev_cpu_blas_threads());
     META_F("crc32", "%08" PRIx32, crc);
 #undef META_S
 #undef META_G

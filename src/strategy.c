@@ -67,11 +67,17 @@ static int open_devices(castor_strategy *s, const char *spec)
  * threads on top they oversubscribe the cores (measured 2-3x slower on 2
  * cores). OpenBLAS's thread count is process-wide and the application's to
  * set, so the library only says so. */
-static void warn_blas_oversubscription(const castor_strategy *s)
+int castor__strategy_cpu_replicas(const castor_strategy *s)
 {
     int cpu_replicas = 0;
     for (int i = 0; i < s->n_replicas; i++)
         cpu_replicas += strcmp(s->devs[i]->iface->backend, "cpu") == 0;
+    return cpu_replicas;
+}
+
+static void warn_blas_oversubscription(const castor_strategy *s)
+{
+    int cpu_replicas = castor__strategy_cpu_replicas(s);
     int threads = cpu_replicas ? castor__cdev_cpu_blas_threads() : 0;
     int cores = castor__cpu_count();
     if (cpu_replicas > 1 && threads > 1 && threads * cpu_replicas > cores)

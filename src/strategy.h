@@ -80,6 +80,9 @@ typedef struct castor__runtime {
     uint64_t bytes_h2d0, bytes_d2h0;  /* device counters at the last reset */
 } castor__runtime;
 
+/* How many of its replicas are emulated CPU devices (OpenBLAS's GEMMs). */
+int castor__strategy_cpu_replicas(const castor_strategy *s);
+
 /* Log through the strategy's callback if level is enabled. */
 void castor__log(const castor_strategy *s, castor_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

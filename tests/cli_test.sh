@@ -840,6 +840,32 @@ assert d["steps"] == 0 and d["global_step"] == 1920 and d["test_accuracy"] is no
     fi
 fi
 
+# ---- a checkpoint from another OpenBLAS thread count: goes on, and says not bit for bit -------
+# OpenBLAS splits a GEMM's sums by thread, so another count rounds otherwise;
+# the file records the count (blas_threads) and a resume with another warns.
+BD="$T/ck-blas"
+OPENBLAS_NUM_THREADS=1 run "${TRAIN[@]}" --devices cpu --batch 64 --epochs 1 --checkpoint-dir "$BD"
+BPATH="$BD/ckpt-000000000008.safetensors"
+if [[ $rc -eq 0 ]] && python3 - "$BPATH" <<'EOF' 2>"$T/py"; then
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+(n,) = struct.unpack("<Q", raw[:8])
+meta = json.loads(raw[8:8 + n])["__metadata__"]
+assert meta.get("blas_threads") == "1", meta
+EOF
+    OPENBLAS_NUM_THREADS=2 run "${TRAIN[@]}" --devices cpu --epochs 2 --resume "$BPATH"
+    warned=$(grep -c 'trained with 1 OpenBLAS thread per GEMM; going on with 2, .*not bit for bit' \
+        "$T/err")
+    OPENBLAS_NUM_THREADS=1 run "${TRAIN[@]}" --devices cpu --epochs 2 --resume "$BPATH"
+    if [[ $warned -eq 1 && $rc -eq 0 ]] && ! grep -q 'OpenBLAS thread' "$T/err"; then
+        ok "resume with another OpenBLAS thread count: a warning (none with the file's)"
+    else
+        bad "resume with another OpenBLAS thread count: warned $warned, status $rc" "$(cat "$T/err")"
+    fi
+else
+    bad "a checkpoint's blas_threads: status $rc" "$(cat "$T/py" "$T/err")"
+fi
+
 # ---- SIGTERM with --checkpoint-dir: a checkpoint of the step reached, then resume it ----------
 TD="$T/ck-term"
 : >"$T/err" # as in interrupt_test: no stale "epoch 2/" line

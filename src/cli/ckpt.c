@@ -250,6 +250,8 @@ static int parse_meta(const cJSON *meta, cli_ckpt_meta *m, const char *path, cha
     copy_printable(m->strategy, sizeof m->strategy, meta_str(meta, "strategy"));
     copy_printable(m->devices, sizeof m->devices, meta_str(meta, "devices"));
     m->replicas = meta_i64(meta, "replicas", 0, INT32_MAX, &v, path, err, errlen) ? 0 : (int)v;
+    m->blas_threads =
+        meta_i64(meta, "blas_threads", 0, INT32_MAX, &v, path, err, errlen) ? 0 : (int)v;
     err[0] = '\0';
     return 0;
 }

@@ -56,6 +56,7 @@ typedef struct cli_ckpt_meta {
     char strategy[32];    /* what wrote it: informational */
     char devices[128];
     int replicas;
+    int blas_threads;     /* OpenBLAS's threads for CPU replicas; 0: none, or not in the file */
 } cli_ckpt_meta;
 
 int cli_ckpt_read_meta(const char *path, cli_ckpt_meta *out, char *err, size_t errlen);

@@ -55,6 +55,11 @@ int cli_blas_threads(const char *devices)
     return (int)threads;
 }
 
+int cli_blas_threads_in_use(const char *devices)
+{
+    return cpu_replicas(devices) > 0 ? openblas_get_num_threads() : 0;
+}
+
 const char *cli_why(const char *msg, int rc)
 {
     return msg && msg[0] ? msg : castor_errstr(rc);

@@ -27,6 +27,9 @@ const char *cli_data_dir(const char *data);
  * the count set, or 0 where it left OpenBLAS alone.
  */
 int cli_blas_threads(const char *devices);
+/* OpenBLAS's thread count as --devices would use it: 0 where it names no
+ * emulated CPU device (no GEMM of the run is OpenBLAS's). */
+int cli_blas_threads_in_use(const char *devices);
 
 /* The message, or the status's text where the handle has none. */
 const char *cli_why(const char *msg, int rc);

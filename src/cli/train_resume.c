@@ -213,6 +213,16 @@ int train_resume(train_run *r)
                 "with %s on %d, training continues but not bit for bit as it would have\n",
                 path, r->meta.strategy, r->meta.replicas, r->meta.replicas == 1 ? "" : "s",
                 castor_strategy_kind_name(r->o.strategy), r->replicas);
+    /* OpenBLAS splits a GEMM's sums by thread: another count, another
+     * rounding (as another strategy or replica count above). */
+    int blas = cli_blas_threads_in_use(r->o.devices);
+    if (!r->o.quiet && r->meta.blas_threads > 0 && blas > 0 && blas != r->meta.blas_threads)
+        fprintf(stderr,
+                "castor: warning: %s was trained with %d OpenBLAS thread%s per GEMM; going on "
+                "with %d, training continues but not bit for bit as it would have "
+                "(OPENBLAS_NUM_THREADS=%d gives the file's)\n",
+                path, r->meta.blas_threads, r->meta.blas_threads == 1 ? "" : "s", blas,
+                r->meta.blas_threads);
     train_note(r, "resumed from %s: step %lld, epoch %lld + %lld steps; %d -> %s, %s, learning rate "
             "%g, seed %llu",
          path, (long long)castor_model_step(r->model), (long long)castor_model_epoch(r->model),
