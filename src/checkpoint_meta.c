@@ -136,7 +136,10 @@ int castor__ckpt_read_info(const castor__st_file *f, const char *path, castor__c
         return bad_value(path, "nesterov", v, "0 or 1", err, errlen);
     opt.nesterov = (int)u;
     char oerr[256];
-    if (castor__optim_validate(&opt, oerr, sizeof oerr)) {
+    /* As compile judges them: settings another kind reads are not dropped
+     * here either (castor writes them as 0). */
+    if (castor__optim_validate(&opt, oerr, sizeof oerr) ||
+        castor__optim_check_dropped(&opt, oerr, sizeof oerr)) {
         castor__errf(err, errlen, "%s: bad optimizer in __metadata__: %s", path, oerr);
         return CASTOR_FORMAT;
     }

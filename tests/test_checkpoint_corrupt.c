@@ -391,6 +391,24 @@ Test(checkpoint, nesterov_must_be_0_or_1)
     corrupt_case(nesterov_seven, CASTOR_FORMAT, "'nesterov'");
 }
 
+/* The fixture's optimizer is Adam: settings that only another kind reads. */
+static void adam_with_momentum(parts *p) { edit(p, "\"momentum\":\"0\"", "\"momentum\":\"0.9\""); }
+static void adam_with_decay(parts *p)
+{
+    edit(p, "\"weight_decay\":\"0\"", "\"weight_decay\":\"0.004\"");
+}
+static void adam_with_nesterov(parts *p) { edit(p, "\"nesterov\":\"0\"", "\"nesterov\":\"1\""); }
+
+Test(checkpoint, settings_the_optimizer_would_drop_are_a_format_error)
+{
+    /* compile refuses them: open failed with CASTOR_INVALID (the CLI's usage
+     * error) and a message without the file's name, while load took the
+     * same file and dropped them without a word. */
+    corrupt_case(adam_with_momentum, CASTOR_FORMAT, "momentum applies to sgd only");
+    corrupt_case(adam_with_decay, CASTOR_FORMAT, "weight_decay applies to adamw only");
+    corrupt_case(adam_with_nesterov, CASTOR_FORMAT, "nesterov applies to sgd only");
+}
+
 /* castor_model_open on fx.good changed by mutate fails with CASTOR_FORMAT,
  * naming the file, with fragment in the message; the strategy is left free
  * for a model at once (nothing was compiled onto it). */
