@@ -367,9 +367,15 @@ CASTOR_API void castor_model_reset_run_stats(castor_model *model);
 
 /* Save variables, optimizer state and training position. */
 CASTOR_API int castor_model_save(castor_model *model, const char *path);
-/* Load a checkpoint into a compiled model with the same layers, loss and
- * optimizer kind: variables, optimizer state and training position. On any
- * error the model is unchanged. */
+/* Load a checkpoint into a compiled model with the same layers, loss,
+ * optimizer kind and optimizer state (SGD with momentum, or without):
+ * variables, optimizer state and training position, and the optimizer's
+ * hyper-parameters (learning rate, ...) and the seed, which replace those
+ * given to compile, so that training goes on as it would have. On any
+ * error the model is unchanged, but one: when a mirrored model's device
+ * fails while the loaded values are placed on it (CASTOR_DEVICE), the
+ * model holds the file's values on the host and, as after a failed update,
+ * refuses work until a load or castor_model_set_params succeeds. */
 CASTOR_API int castor_model_load(castor_model *model, const char *path);
 /* Create and compile a model from a checkpoint's architecture on a strategy,
  * then load it. */

@@ -20,6 +20,7 @@
 #include "checkpoint_support.h"
 #include "src/model.h"
 #include "src/safetensors.h"
+#include "src/strategy.h"
 #include "support.h"
 
 /* ---- round trips ------------------------------------------------------------------- */
@@ -485,6 +486,48 @@ Test(checkpoint, failed_save_leaves_old_file)
     castor_model_free(m);
     castor_strategy_free(ms);
     free(old);
+    ckpt_teardown(&fx);
+}
+
+static int refuse_h2d(cdev *dev, int stream, void *d_dst, const void *h_src, size_t bytes)
+{
+    (void)stream, (void)d_dst, (void)h_src, (void)bytes;
+    return castor__cdev_fail(dev, CASTOR_DEVICE, "%s: injected copy failure", dev->name);
+}
+
+/* castor.h's one exception to "a failed load leaves the model unchanged": a
+ * mirrored replica that fails as the values are placed on it. The model then
+ * refuses work, and a load that succeeds brings it back whole. */
+Test(checkpoint, a_load_the_devices_fail_to_place_is_recovered_by_loading_again)
+{
+    fixture fx;
+    ckpt_setup(&fx);
+    cdev *dev1 = fx.s->devs[1];
+    const cdev_iface *real = dev1->iface;
+    cdev_iface failing = *real;
+    failing.copy_h2d = refuse_h2d;
+    dev1->iface = &failing;
+    int rc = castor_model_load(fx.m, fx.good);
+    dev1->iface = real;
+    cr_assert_eq(rc, CASTOR_DEVICE, "rc %d: %s", rc, castor_model_errmsg(fx.m));
+    cr_assert(strstr(castor_model_errmsg(fx.m), "injected"), "%s", castor_model_errmsg(fx.m));
+    size_t n = castor_model_num_params(fx.m);
+    float *params = malloc(n * sizeof *params);
+    cr_assert_eq(castor_model_get_params(fx.m, params, n), CASTOR_DEVICE);
+    free(params);
+
+    cr_assert_eq(castor_model_load(fx.m, fx.good), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
+    snap got = ckpt_take(fx.m);
+    castor_strategy *s = ckpt_make_strategy(CASTOR_STRATEGY_CENTRAL, "cpu");
+    castor_model *ref = NULL;
+    cr_assert_eq(castor_model_open(&ref, fx.good, s), CASTOR_OK, "%s", castor_model_errmsg(ref));
+    snap want = ckpt_take(ref);
+    ckpt_assert_same(&want, &got, "loaded again after the failed placement");
+    ckpt_train_steps(fx.m, fx.ds, 1);
+    ckpt_snap_free(&got);
+    ckpt_snap_free(&want);
+    castor_model_free(ref);
+    castor_strategy_free(s);
     ckpt_teardown(&fx);
 }
 
