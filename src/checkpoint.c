@@ -421,8 +421,10 @@ int castor_model_open(castor_model **out, const char *path, castor_strategy *str
         return rc;
     }
     rc = castor_model_compile(m, strategy, info.loss, &info.opt, info.seed);
-    if (!rc)
-        rc = load_parsed(m, &f, path);
+    /* A file found bad after compile leaves only the message, as one found
+     * bad before: no model of fresh weights holding the strategy. */
+    if (!rc && (rc = load_parsed(m, &f, path)))
+        castor__model_detach(m);
     castor__st_free(&f);
     return rc;
 }

@@ -65,10 +65,8 @@ int castor_model_create(castor_model **out, int input_features)
     return CASTOR_OK;
 }
 
-void castor_model_free(castor_model *m)
+void castor__model_detach(castor_model *m)
 {
-    if (!m)
-        return;
     if (m->strategy) {
         castor__runtime_free(m);
         if (m->strategy->bound == m)
@@ -77,6 +75,15 @@ void castor_model_free(castor_model *m)
     castor__host_free(&m->params);
     castor__host_free(&m->opt_state);
     castor__host_free(&m->grads);
+    m->strategy = NULL;
+    m->compiled = 0;
+}
+
+void castor_model_free(castor_model *m)
+{
+    if (!m)
+        return;
+    castor__model_detach(m);
     free(m->layers);
     free(m);
 }

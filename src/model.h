@@ -75,6 +75,9 @@ int castor__model_fail(castor_model *m, int code, const char *fmt, ...)
 int castor__model_ready(castor_model *m, const char *what);
 /* CASTOR_MISUSE, said on m, when called from fit's progress callback. */
 int castor__model_not_fitting(castor_model *m, const char *what);
+/* Undo compile: the replicas and host buffers freed, the strategy free for
+ * another model; the layers and the message stay. */
+void castor__model_detach(castor_model *m);
 /* Glorot-uniform kernels and zero biases from the seed (src/rng.h). */
 void castor__model_init_params(const castor_model *m, float *params);
 

@@ -124,6 +124,14 @@ static void corrupt_case(void (*mutate)(parts *), int code, const char *fragment
     castor_model *m = NULL;
     cr_assert_eq(castor_model_open(&m, fx.bad, s), code);
     cr_assert(m && strstr(castor_model_errmsg(m), fx.bad), "%s", castor_model_errmsg(m));
+    /* The failed handle carries the message, nothing more: the strategy
+     * takes another model while it lives (a file found bad after compile
+     * left a model of fresh weights bound to it, which trained and saved). */
+    castor_model *ok = ckpt_make_model(s, LAYERS, ckpt_make_opt(CASTOR_OPT_ADAM), 1);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    cr_assert_eq(castor_model_fit(m, fx.ds, &fo, NULL), CASTOR_MISUSE);
+    cr_assert_eq(castor_model_save(m, fx.bad), CASTOR_MISUSE);
+    castor_model_free(ok);
     castor_model_free(m);
     castor_strategy_free(s);
     ckpt_teardown(&fx);
