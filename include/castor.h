@@ -298,7 +298,8 @@ typedef struct castor_progress {
  * callback may read the model (get_params, step, ...) and save it; fit,
  * evaluate, predict, set_params and load on the same model return
  * CASTOR_MISUSE until fit returns, and freeing the model's strategy makes
- * fit stop with CASTOR_MISUSE. */
+ * fit stop with CASTOR_MISUSE. The datasets fit reads (training and
+ * validation) may be read, not split (CASTOR_MISUSE) nor freed. */
 typedef int (*castor_progress_fn)(void *user, const castor_progress *progress);
 
 typedef struct castor_fit_options {

@@ -371,6 +371,12 @@ CASTOR_API int castor_dataset_split_tail(castor_dataset *ds, size_t count, casto
         return CASTOR_MISUSE;
     }
     *tail = NULL;
+    if (ds->in_use) {
+        castor__errf(ds->errmsg, sizeof ds->errmsg,
+                     "split_tail: the dataset is in use by castor_model_fit, whose progress "
+                     "callback may read it, not change it");
+        return CASTOR_MISUSE;
+    }
     if (count == 0 || count >= ds->n) {
         castor__errf(ds->errmsg, sizeof ds->errmsg,
                      "split_tail: cannot split %zu of %zu samples off (need 0 < count < size)",

@@ -21,6 +21,9 @@ struct castor_dataset {
     int num_classes;      /* max label + 1 (0 without labels) */
     float *targets;       /* n x target_dim, or NULL */
     int target_dim;
+    /* How many castor_model_fit calls read it now (training or validation
+     * data): their progress callbacks must not split it under them. */
+    int in_use;
     char errmsg[CASTOR__MSG_MAX];
 };
 

@@ -193,6 +193,16 @@ int castor_model_predict(castor_model *m, const float *x, size_t n, int batch, f
     return rc;
 }
 
+/* Mark fit's datasets read (delta 1) or no longer (-1). Every dataset is
+ * the library's own allocation, so the count may be kept through the const
+ * pointers fit is given. */
+static void datasets_in_use(const castor_dataset *train, const castor_fit_options *o, int delta)
+{
+    ((castor_dataset *)train)->in_use += delta;
+    if (o->validation)
+        ((castor_dataset *)o->validation)->in_use += delta;
+}
+
 int castor_model_fit(castor_model *m, const castor_dataset *train,
                      const castor_fit_options *options, castor_metrics *last_epoch)
 {
@@ -261,6 +271,7 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
         return rc;
     }
     m->fitting = 1;
+    datasets_in_use(train, o, 1);
     double t0 = castor__now();
     int64_t steps_done = 0;
     castor_metrics epoch_metrics = {NAN, NAN, 0};
@@ -334,6 +345,7 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
         }
     }
     m->fitting = 0;
+    datasets_in_use(train, o, -1);
     staging_free(&st);
     free(perm);
     if (last_epoch)

@@ -600,3 +600,54 @@ Test(model_api, a_refused_fit_still_says_no_epoch_ended)
     castor_model_free(m);
     castor_strategy_free(s);
 }
+
+/* The callback may reach the datasets fit is reading: splitting one then
+ * shrank it under the loop, which gathered rows past its end. */
+typedef struct split_in_callback {
+    castor_dataset *train, *val;
+    int refused, calls;
+} split_in_callback;
+
+static int split_during_fit(void *user, const castor_progress *p)
+{
+    (void)p;
+    split_in_callback *c = user;
+    castor_dataset *tail = NULL;
+    c->calls++;
+    c->refused += castor_dataset_split_tail(c->train, 8, &tail) == CASTOR_MISUSE;
+    cr_assert(!tail);
+    c->refused += castor_dataset_split_tail(c->val, 2, &tail) == CASTOR_MISUSE;
+    cr_assert(!tail);
+    cr_assert(strstr(castor_dataset_errmsg(c->val), "in use"), "%s",
+              castor_dataset_errmsg(c->val));
+    return 0;
+}
+
+Test(model_api, datasets_fit_is_reading_are_not_split_under_it)
+{
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu:2", NULL), CASTOR_OK);
+    castor_model *m = compiled(s, "5:relu,3");
+    castor_dataset *train = small_dataset(), *val = small_dataset();
+    split_in_callback c = {train, val, 0, 0};
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.epochs = 2;
+    fo.batch_size = 8;
+    fo.validation = val;
+    fo.progress = split_during_fit;
+    fo.progress_user = &c;
+    cr_assert_eq(castor_model_fit(m, train, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m));
+    cr_assert_eq(c.calls, 2 * N / 8);
+    cr_assert_eq(c.refused, 2 * c.calls);
+    cr_assert_eq(castor_dataset_size(train), N);
+    /* Once fit has returned they split as before. */
+    castor_dataset *tail = NULL;
+    cr_assert_eq(castor_dataset_split_tail(train, 8, &tail), CASTOR_OK);
+    castor_dataset_free(tail);
+    cr_assert_eq(castor_dataset_split_tail(val, 8, &tail), CASTOR_OK);
+    castor_dataset_free(tail);
+    castor_dataset_free(train);
+    castor_dataset_free(val);
+    castor_model_free(m);
+    castor_strategy_free(s);
+}
