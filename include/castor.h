@@ -314,7 +314,9 @@ typedef struct castor_fit_options {
 
 #define CASTOR_FIT_OPTIONS_INIT {1, 32, 1, NULL, NULL, NULL, 0}
 
-/* last_epoch (may be NULL) gets the metrics of the last epoch that ended in
+/* options may be NULL for the defaults; fit reads them once, as it starts
+ * (changing them from the progress callback changes nothing in this fit).
+ * last_epoch (may be NULL) gets the metrics of the last epoch that ended in
  * this call, over the samples this call trained of it; {NaN, NaN, 0} when
  * none ended. An epoch left part-way (max_steps, a stop, a checkpoint taken
  * mid-epoch) is finished first, over the order of samples it started with:

@@ -212,7 +212,10 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
     if (!m)
         return CASTOR_MISUSE;
     castor_fit_options defaults = CASTOR_FIT_OPTIONS_INIT;
-    const castor_fit_options *o = options ? options : &defaults;
+    /* A copy, read once: the progress callback may hold the caller's struct
+     * and change it under the loop. */
+    const castor_fit_options opts = options ? *options : defaults;
+    const castor_fit_options *o = &opts;
     int rc;
     if ((rc = castor__model_not_fitting(m, "fit")) || (rc = castor__model_ready(m, "fit")) ||
         (rc = check_data(m, train, "fit")))

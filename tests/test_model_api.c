@@ -651,3 +651,54 @@ Test(model_api, datasets_fit_is_reading_are_not_split_under_it)
     castor_model_free(m);
     castor_strategy_free(s);
 }
+
+/* A callback holding the options (its user pointer) changes them: fit had
+ * read them on every step, so a larger batch took rows from past the end of
+ * the epoch's order and a validation set of other features went unchecked. */
+typedef struct options_in_callback {
+    castor_fit_options *fo;
+    castor_dataset *other;
+    int calls;
+} options_in_callback;
+
+static int change_options(void *user, const castor_progress *p)
+{
+    (void)p;
+    options_in_callback *c = user;
+    c->calls++;
+    c->fo->batch_size = 1000;
+    c->fo->validation = c->other;
+    c->fo->epochs = 50;
+    c->fo->shuffle = !c->fo->shuffle;
+    return 0;
+}
+
+Test(model_api, fit_reads_its_options_once)
+{
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu:2", NULL), CASTOR_OK);
+    castor_model *m = compiled(s, "5:relu,3");
+    castor_dataset *train = small_dataset(), *val = small_dataset(), *other = NULL;
+    float x[2 * (F + 3)] = {0};
+    int32_t y[2] = {0, 1};
+    cr_assert_eq(castor_dataset_from_memory(&other, x, 2, F + 3, y, NULL, 0), CASTOR_OK);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    options_in_callback c = {&fo, other, 0};
+    fo.epochs = 2;
+    fo.batch_size = 8;
+    fo.validation = val;
+    fo.progress = change_options;
+    fo.progress_user = &c;
+    castor_metrics last;
+    cr_assert_eq(castor_model_fit(m, train, &fo, &last), CASTOR_OK, "%s",
+                 castor_model_errmsg(m));
+    cr_assert_eq(c.calls, 2 * N / 8);
+    cr_assert_eq(castor_model_step(m), 2 * N / 8);
+    cr_assert_eq(castor_model_epoch(m), 2);
+    cr_assert_eq(last.samples, N);
+    castor_dataset_free(other);
+    castor_dataset_free(train);
+    castor_dataset_free(val);
+    castor_model_free(m);
+    castor_strategy_free(s);
+}
