@@ -221,7 +221,10 @@ CASTOR_API int castor_model_add_layers(castor_model *model, const char *spec);
  * Bind the model to a strategy: allocate the master variables (Glorot-uniform
  * kernels, zero biases, drawn from seed with the documented PRNG in
  * src/rng.c), the optimizer state and the per-replica device buffers.
- * The strategy must outlive the model; one model per strategy at a time.
+ * One model per strategy at a time. A strategy freed before its model
+ * detaches it: the model keeps its layers and refuses training, evaluation,
+ * parameters and checkpoints (CASTOR_MISUSE) until compiled again, on
+ * another strategy, which starts afresh (new variables, step 0).
  * optimizer may be NULL for Adam with its defaults.
  */
 CASTOR_API int castor_model_compile(castor_model *model, castor_strategy *strategy,
@@ -251,8 +254,9 @@ CASTOR_API int64_t castor_model_step(const castor_model *model);
 /* ---- data ------------------------------------------------------------------ */
 typedef struct castor_dataset castor_dataset;
 
-/* Load an IDX image file and an IDX label file (plain or gzip); pixels are
- * scaled to [0,1]. */
+/* Load an IDX image file and an IDX label file (plain or gzip); unsigned
+ * byte pixels are scaled to [0,1], values of the other IDX types are taken
+ * as they are. */
 CASTOR_API int castor_dataset_load_idx(castor_dataset **out, const char *images_path,
                                        const char *labels_path);
 /* Load a Fashion-MNIST/MNIST style directory: which is "train" or "test"
@@ -268,6 +272,8 @@ CASTOR_API void castor_dataset_free(castor_dataset *ds);
 CASTOR_API const char *castor_dataset_errmsg(const castor_dataset *ds);
 CASTOR_API size_t castor_dataset_size(const castor_dataset *ds);
 CASTOR_API int castor_dataset_features(const castor_dataset *ds);
+/* The samples (size x features floats), valid until the dataset is freed or
+ * split. */
 CASTOR_API const float *castor_dataset_x(const castor_dataset *ds);
 CASTOR_API const int32_t *castor_dataset_labels(const castor_dataset *ds); /* NULL if none */
 /* Split off the last `count` samples into a new dataset (for validation). */
@@ -324,6 +330,8 @@ typedef struct castor_fit_options {
  * number of training samples and the shuffle flag are the epoch's. */
 CASTOR_API int castor_model_fit(castor_model *model, const castor_dataset *train,
                                 const castor_fit_options *options, castor_metrics *last_epoch);
+/* evaluate and predict run batch_size samples at a time, split over the
+ * replicas as fit's batches are (so at least one a replica). */
 CASTOR_API int castor_model_evaluate(castor_model *model, const castor_dataset *data,
                                      int batch_size, castor_metrics *out);
 /* Outputs of the last layer (logits for a softmax cross-entropy model) for
