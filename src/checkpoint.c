@@ -421,6 +421,14 @@ int castor_model_open(castor_model **out, const char *path, castor_strategy *str
         return rc;
     }
     rc = castor_model_compile(m, strategy, info.loss, &info.opt, info.seed);
+    if (rc == CASTOR_INVALID) {
+        /* Every value compile judges here is the file's (softmax
+         * cross-entropy on a last layer that is not linear, or of 1 unit). */
+        char why[sizeof m->errmsg];
+        snprintf(why, sizeof why, "%s", m->errmsg);
+        rc = castor__model_fail(m, CASTOR_FORMAT, "%s: bad model in __metadata__: %s", path,
+                                why);
+    }
     /* A file found bad after compile leaves only the message, as one found
      * bad before: no model of fresh weights holding the strategy. */
     if (!rc && (rc = load_parsed(m, &f, path)))

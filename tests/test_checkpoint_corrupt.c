@@ -455,6 +455,18 @@ Test(checkpoint, open_holds_the_metadata_to_the_tensors_before_allocating)
     open_case(wider_first_layer, "the tensors hold");
 }
 
+/* Models compile refuses for softmax cross-entropy: the file is wrong, not
+ * the caller (open gave compile's CASTOR_INVALID without the file's name,
+ * which the CLI's eval reports as a usage error). */
+static void relu_logits(parts *p) { edit(p, ",3:linear\"", ",3:relu\""); }
+static void one_class(parts *p) { edit(p, ",3:linear\"", ",1:linear\""); }
+
+Test(checkpoint, open_a_model_compile_refuses_is_a_format_error)
+{
+    open_case(relu_logits, "the last layer must be linear");
+    open_case(one_class, "at least 2 output units");
+}
+
 /* Text from the file reaches messages escaped: no terminal control codes. */
 static void escape_in_format(parts *p)
 {
