@@ -235,6 +235,10 @@ int castor_model_compile(castor_model *m, castor_strategy *s, castor_loss loss,
                                   s->errmsg[0] ? s->errmsg : "castor_strategy_create failed");
     if (m->compiled)
         return castor__model_fail(m, CASTOR_MISUSE, "the model is already compiled");
+    if (m->input_features <= 0)
+        return castor__model_fail(m, CASTOR_MISUSE,
+                                  "compile: the model was not created (%d input features)",
+                                  m->input_features);
     if (s->bound)
         return castor__model_fail(m, CASTOR_MISUSE,
                                   "the strategy already has a compiled model; free it first");

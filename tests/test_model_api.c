@@ -203,6 +203,13 @@ Test(model_api, a_failed_model_create_builds_nothing)
     cr_assert(strstr(castor_model_errmsg(m), "not created"), "%s", castor_model_errmsg(m));
     cr_assert_eq(castor_model_add_layers(m, "4:relu,3"), CASTOR_MISUSE);
     cr_assert_eq(castor_model_num_layers(m), 0);
+    /* compile said "the model has no layers" (CASTOR_INVALID), as if the
+     * caller had only forgotten them. */
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu", NULL), CASTOR_OK);
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 1), CASTOR_MISUSE);
+    cr_assert(strstr(castor_model_errmsg(m), "not created"), "%s", castor_model_errmsg(m));
+    castor_strategy_free(s);
     castor_model_free(m);
 }
 
