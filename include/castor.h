@@ -27,12 +27,13 @@
  *   - the library never prints and never exits: logging goes to the
  *     callback given in castor_strategy_options;
  *   - separate handles may be used from separate threads at once; one handle
- *     must not be used from two threads at once. One exception outside
- *     castor: it reads checkpoint headers with cJSON, whose error pointer
- *     (cJSON_GetErrorPtr) is one for the whole process and is written by
- *     every parse, castor's too; an application that reads it must not load
- *     checkpoints on another thread meanwhile (castor itself never reads it,
- *     and its own parses take turns).
+ *     must not be used from two threads at once, except a dataset, which fit
+ *     and evaluate only read: several models may read one at once. One
+ *     exception outside castor: it reads checkpoint headers with cJSON, whose
+ *     error pointer (cJSON_GetErrorPtr) is one for the whole process and is
+ *     written by every parse, castor's too; an application that reads it must
+ *     not load checkpoints on another thread meanwhile (castor itself never
+ *     reads it, and its own parses take turns).
  */
 #ifndef CASTOR_H
 #define CASTOR_H
@@ -372,8 +373,9 @@ CASTOR_API void castor_model_reset_run_stats(castor_model *model);
  * "dense_0.kernel.adam_m" etc., and in the header's __metadata__ the
  * architecture, loss, optimizer and hyper-parameters, seed, step, epoch and
  * position in the epoch, strategy, devices and OpenBLAS thread count that
- * trained it, castor version and the CRC-32 of the data section. Files are written atomically (temporary file, fsync, rename,
- * fsync of the directory): a crash leaves the old file or the new one.
+ * trained it, castor version and the CRC-32 of the data section. Files are
+ * written atomically (temporary file, fsync, rename, fsync of the
+ * directory): a crash leaves the old file or the new one.
  */
 
 /* Save variables, optimizer state and training position. */

@@ -371,7 +371,7 @@ CASTOR_API int castor_dataset_split_tail(castor_dataset *ds, size_t count, casto
         return CASTOR_MISUSE;
     }
     *tail = NULL;
-    if (ds->in_use) {
+    if (atomic_load(&ds->in_use)) {
         castor__errf(ds->errmsg, sizeof ds->errmsg,
                      "split_tail: the dataset is in use by castor_model_fit, whose progress "
                      "callback may read it, not change it");

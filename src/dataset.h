@@ -7,6 +7,7 @@
 #ifndef CASTOR_DATASET_H
 #define CASTOR_DATASET_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -22,8 +23,10 @@ struct castor_dataset {
     float *targets;       /* n x target_dim, or NULL */
     int target_dim;
     /* How many castor_model_fit calls read it now (training or validation
-     * data): their progress callbacks must not split it under them. */
-    int in_use;
+     * data): their progress callbacks must not split it under them. Atomic:
+     * fits on separate models in separate threads may share a dataset,
+     * which they only read. */
+    atomic_int in_use;
     char errmsg[CASTOR__MSG_MAX];
 };
 

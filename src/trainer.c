@@ -198,9 +198,9 @@ int castor_model_predict(castor_model *m, const float *x, size_t n, int batch, f
  * pointers fit is given. */
 static void datasets_in_use(const castor_dataset *train, const castor_fit_options *o, int delta)
 {
-    ((castor_dataset *)train)->in_use += delta;
+    atomic_fetch_add(&((castor_dataset *)train)->in_use, delta);
     if (o->validation)
-        ((castor_dataset *)o->validation)->in_use += delta;
+        atomic_fetch_add(&((castor_dataset *)o->validation)->in_use, delta);
 }
 
 int castor_model_fit(castor_model *m, const castor_dataset *train,

@@ -45,12 +45,12 @@ static castor_dataset *make_data(unsigned seed)
     return ds;
 }
 
-/* Train briefly; returns the final loss or -1 on failure. */
-static double train(castor_strategy_kind kind, const char *devices, unsigned seed)
+/* Train briefly on ds; returns the final loss or -1 on failure. */
+static double train_on(castor_strategy_kind kind, const char *devices, unsigned seed,
+                       const castor_dataset *ds)
 {
     castor_strategy *s = NULL;
     castor_model *m = NULL;
-    castor_dataset *ds = make_data(seed);
     double result = -1;
     castor_metrics met;
     castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
@@ -68,6 +68,13 @@ static double train(castor_strategy_kind kind, const char *devices, unsigned see
     }
     castor_model_free(m);
     castor_strategy_free(s);
+    return result;
+}
+
+static double train(castor_strategy_kind kind, const char *devices, unsigned seed)
+{
+    castor_dataset *ds = make_data(seed);
+    double result = train_on(kind, devices, seed, ds);
     castor_dataset_free(ds);
     return result;
 }
@@ -76,6 +83,19 @@ static void *app_thread(void *arg)
 {
     double *loss = arg;
     *loss = train(CASTOR_STRATEGY_MIRRORED, "cpu:2", 11);
+    return NULL;
+}
+
+typedef struct shared_job {
+    const castor_dataset *ds;
+    double loss;
+} shared_job;
+
+/* Separate models and strategies, one dataset: fit only reads it. */
+static void *shared_data_thread(void *arg)
+{
+    shared_job *job = arg;
+    job->loss = train_on(CASTOR_STRATEGY_MIRRORED, "cpu:2", 11, job->ds);
     return NULL;
 }
 
@@ -99,6 +119,17 @@ int main(void)
         pthread_join(t[i], NULL);
     CHECK(loss[0] > 0 && loss[0] == loss[1], "two threads on separate handles: %.9g %.9g",
           loss[0], loss[1]);
+
+    castor_dataset *ds = make_data(11);
+    shared_job jobs[2] = {{ds, 0}, {ds, 0}};
+    for (int i = 0; i < 2; i++)
+        pthread_create(&t[i], NULL, shared_data_thread, &jobs[i]);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    castor_dataset_free(ds);
+    CHECK(jobs[0].loss == loss[0] && jobs[1].loss == loss[0],
+          "two threads fitting on one dataset: %.9g %.9g (alone %.9g)", jobs[0].loss,
+          jobs[1].loss, loss[0]);
     printf("%d passed, %d failed\n", passes, failures);
     return failures != 0;
 }
