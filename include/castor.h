@@ -89,6 +89,9 @@ typedef enum castor_log_level {
     CASTOR_LOG_DEBUG = 3
 } castor_log_level;
 
+/* Called on the thread of the castor call that logs, with a message that
+ * lasts until it returns. It must not call back into castor on the handles
+ * involved in that call (free the strategy or model that is logging, say). */
 typedef void (*castor_log_fn)(void *user, castor_log_level level, const char *message);
 
 /* ---- strategy: where the variables live and which devices compute ------ */
@@ -288,8 +291,9 @@ typedef struct castor_metrics {
 } castor_metrics;
 
 typedef struct castor_progress {
-    int epoch;              /* 0-based */
-    int epochs;
+    int epoch;              /* 0-based, counted in this fit call (castor_model_epoch
+                             * gives the model's epochs in all) */
+    int epochs;             /* this call's: the options' epochs */
     int64_t step_in_epoch;  /* steps done in this epoch */
     int64_t steps_per_epoch;
     int64_t global_step;    /* optimizer steps done in total */
