@@ -68,8 +68,13 @@ Test(cuda, nccl_refuses_two_ranks_on_one_gpu)
     cr_expect_null(comms[1]);
 }
 
+/* A hang in NCCL (its bootstrap, a collective waiting for a peer) ends the
+ * test that hit it after this many seconds, not the whole GPU run: setting
+ * up and summing takes seconds. */
+#define NCCL_TEST_SECONDS 60
+
 /* One rank: the sum over one replica is the buffer itself. */
-Test(cuda, nccl_single_rank_allreduce)
+Test(cuda, nccl_single_rank_allreduce, .timeout = NCCL_TEST_SECONDS)
 {
     REQUIRE_GPU();
     void *comm = NULL;
@@ -117,7 +122,7 @@ static void *nccl_rank_main(void *arg)
 
 /* Every GPU one rank, each driven from its own thread as the replica pool
  * does: rank g holds g + 1 everywhere, so the sum is G (G + 1) / 2. */
-Test(cuda, nccl_allreduce_across_gpus)
+Test(cuda, nccl_allreduce_across_gpus, .timeout = NCCL_TEST_SECONDS)
 {
     REQUIRE_GPU();
     enum { MAX_G = 16 };
