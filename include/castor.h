@@ -395,8 +395,9 @@ CASTOR_API int castor_model_save(castor_model *model, const char *path);
  * refuses work until a load or castor_model_set_params succeeds. */
 CASTOR_API int castor_model_load(castor_model *model, const char *path);
 /* Create and compile a model from a checkpoint's architecture on a strategy,
- * then load it. A failed open hands out a model that only carries the
- * message (free it): the strategy is left free for another model. */
+ * then load it. A failed open hands out a model that is not compiled, for
+ * its message (free it; what else it holds is unspecified): the strategy is
+ * left free for another model. */
 CASTOR_API int castor_model_open(castor_model **out, const char *path,
                                  castor_strategy *strategy);
 /* Epochs completed and steps done in the epoch in progress. */

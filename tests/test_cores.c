@@ -3,6 +3,8 @@
  * lowers them, read from fake /proc and /sys trees.
  */
 #include <criterion/criterion.h>
+#include <ftw.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,29 +14,33 @@
 
 #include "host/cores.h"
 
-static char root[64];
+static char root[PATH_MAX / 2];
 
 static void make_root(void)
 {
-    snprintf(root, sizeof root, "%s", "/tmp/castor-cores-XXXXXX");
     const char *tmp = getenv("TMPDIR");
-    if (tmp && tmp[0] && strlen(tmp) + 20 < sizeof root)
-        snprintf(root, sizeof root, "%s/castor-cores-XXXXXX", tmp);
-    cr_assert_not_null(mkdtemp(root));
+    if (!tmp || !tmp[0])
+        tmp = "/tmp";
+    cr_assert_lt(snprintf(root, sizeof root, "%s/castor-cores-XXXXXX", tmp), (int)sizeof root);
+    cr_assert_not_null(mkdtemp(root), "%s", root);
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
 }
 
 static void remove_root(void)
 {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    cr_assert_eq(system(cmd), 0);
+    cr_assert_eq(nftw(root, remove_entry, 8, FTW_DEPTH | FTW_PHYS), 0, "%s", root);
 }
 
 /* Writes text to root/rel, making the directories above it. */
 static void put(const char *rel, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void put(const char *rel, const char *fmt, ...)
 {
-    char path[512];
+    char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", root, rel);
     for (char *p = path + strlen(root) + 1; (p = strchr(p, '/')); p++) {
         *p = '\0';
@@ -106,6 +112,36 @@ Test(cores, v1_quota)
     put("proc/self/cgroup", "2:cpuacct:/box\n");
     put("sys/fs/cgroup/cpu,cpuacct/box/cpu.cfs_quota_us", "100000\n");
     cr_assert_eq(castor__cgroup_cores(root), 0);
+}
+
+/* Paths may hold spaces and colons (only the first two colons of a line
+ * separate its fields). */
+Test(cores, odd_characters_in_the_path)
+{
+    put("proc/self/cgroup", "0::/a b:c/d\n");
+    put("sys/fs/cgroup/a b:c/d/cpu.max", "200000 100000\n");
+    cr_assert_eq(castor__cgroup_cores(root), 2);
+}
+
+/* v1, a path the mount does not hold: the mount's own quota. */
+Test(cores, v1_path_not_under_the_mount)
+{
+    put("proc/self/cgroup", "3:cpu,cpuacct:/docker/abc\n");
+    put("sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us", "150000\n");
+    put("sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us", "100000\n");
+    cr_assert_eq(castor__cgroup_cores(root), 2);
+}
+
+/* A hybrid system with a quota in both hierarchies: the smaller counts. */
+Test(cores, v1_and_v2_together)
+{
+    put("proc/self/cgroup", "3:cpu:/box\n0::/box\n");
+    put("sys/fs/cgroup/cpu/box/cpu.cfs_quota_us", "300000\n");
+    put("sys/fs/cgroup/cpu/box/cpu.cfs_period_us", "100000\n");
+    put("sys/fs/cgroup/box/cpu.max", "100000 100000\n");
+    cr_assert_eq(castor__cgroup_cores(root), 1);
+    put("sys/fs/cgroup/box/cpu.max", "500000 100000\n");
+    cr_assert_eq(castor__cgroup_cores(root), 3);
 }
 
 Test(cores, unreadable_values_are_no_quota)
