@@ -127,12 +127,10 @@ void castor_strategy_free(castor_strategy *s)
 {
     if (!s)
         return;
-    if (s->bound) {
-        /* The model outlived its strategy: detach it so it fails cleanly. */
-        castor__runtime_free(s->bound);
-        s->bound->strategy = NULL;
-        s->bound->compiled = 0;
-    }
+    /* The model outlives its strategy: detached, it fails cleanly (and
+     * gives back its pinned buffers now) until compiled again. */
+    if (s->bound)
+        castor__model_detach(s->bound);
     castor__pool_free(s->replica_pool);
     castor__pool_free(s->host_pool);
     if (s->devs)
