@@ -256,6 +256,10 @@ int castor__run_replicas(castor_model *m, castor__pool_fn fn, void *ctx)
          * queued (asynchronous devices) that read the staging buffers and
          * write its device buffers: let them end before either is reused. */
         (void)r->dev->iface->synchronize(r->dev);
+        /* Queued work may fail only at synchronize (device.h): an upload of
+         * the variables it queued may not have landed, so the replica no
+         * longer holds a known version of them and uploads them again. */
+        r->params_version = UINT64_MAX;
     }
     return rc;
 }

@@ -1,0 +1,359 @@
+/*
+ * Device faults injected into training steps: every device operation, on
+ * every replica, at every call a step makes, for both strategies. After the
+ * failed step the model must either be as it was (the next step trains as
+ * if nothing had happened) or refuse work until set_params restores it.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "castor.h"
+#include "device/device.h"
+#include "src/model.h"
+#include "src/strategy.h"
+#include "support.h"
+
+#define F 6
+#define C 3
+
+enum { OP_H2D, OP_D2H, OP_D2D, OP_MEMSET, OP_GEMM, OP_BIAS_ADD, OP_BIAS_GRAD, OP_ACT_F,
+       OP_ACT_B, OP_XENT, OP_MSE, OP_ADD, OP_OPTIM, OP_SYNC, OP_RECORD, OP_WAIT, OP_N };
+static const char *const op_names[OP_N] = {
+    "copy_h2d", "copy_d2h", "copy_d2d", "memset0", "gemm", "bias_add", "bias_grad",
+    "act_forward", "act_backward", "softmax_xent", "mse", "add", "optimizer_step",
+    "synchronize", "event_record", "stream_wait"};
+
+#define MAXDEV 8
+static struct {
+    cdev *dev;
+    const cdev_iface *real;
+    long calls[OP_N];
+} inj[MAXDEV];
+static int inj_n;
+static cdev *fail_dev;
+static int fail_op;
+static long fail_at;  /* 1-based call of fail_op on fail_dev; 0: count only */
+static int failed;
+/* Asynchronous: the failing op is dropped, as queued work that faulted, and
+ * the device's next synchronize reports it. */
+static int async_mode;
+static cdev *async_pending;
+
+static int slot(cdev *dev)
+{
+    for (int i = 0; i < inj_n; i++)
+        if (inj[i].dev == dev)
+            return i;
+    cr_assert_fail("unknown device");
+    return -1;
+}
+
+/* Whether this call fails; counts it. */
+static int hit(cdev *dev, int op, const cdev_iface **real)
+{
+    int i = slot(dev);
+    *real = inj[i].real;
+    long n = ++inj[i].calls[op];
+    if (dev == fail_dev && op == fail_op && n == fail_at) {
+        failed = 1;
+        if (async_mode && op != OP_SYNC && op != OP_RECORD && op != OP_WAIT) {
+            async_pending = dev;
+            return -1;
+        }
+        return castor__cdev_fail(dev, CASTOR_DEVICE, "%s: injected %s failure", dev->name,
+                                 op_names[op]);
+    }
+    return CASTOR_OK;
+}
+
+#define WRAP(op, fn, params, args)                                                           \
+    static int w_##fn params                                                                 \
+    {                                                                                        \
+        const cdev_iface *real_;                                                              \
+        int rc = hit(dev, op, &real_);                                                       \
+        if (rc == -1)                                                                        \
+            return CASTOR_OK;                                                                \
+        return rc ? rc : real_->fn args;                                                     \
+    }
+WRAP(OP_H2D, copy_h2d, (cdev *dev, int s, void *d, const void *h, size_t b), (dev, s, d, h, b))
+WRAP(OP_D2H, copy_d2h, (cdev *dev, int s, void *h, const void *d, size_t b), (dev, s, h, d, b))
+WRAP(OP_D2D, copy_d2d, (cdev *dev, int s, void *d, const void *x, size_t b), (dev, s, d, x, b))
+WRAP(OP_MEMSET, memset0, (cdev *dev, int s, void *d, size_t b), (dev, s, d, b))
+WRAP(OP_GEMM, gemm,
+     (cdev *dev, int ta, int tb, int m, int n, int k, float al, const float *a, int lda,
+      const float *b, int ldb, float be, float *c, int ldc),
+     (dev, ta, tb, m, n, k, al, a, lda, b, ldb, be, c, ldc))
+WRAP(OP_BIAS_ADD, bias_add, (cdev *dev, float *y, const float *b, int r, int c),
+     (dev, y, b, r, c))
+WRAP(OP_BIAS_GRAD, bias_grad, (cdev *dev, const float *dy, float *db, int r, int c),
+     (dev, dy, db, r, c))
+WRAP(OP_ACT_F, act_forward, (cdev *dev, castor_activation a, float *y, size_t n),
+     (dev, a, y, n))
+WRAP(OP_ACT_B, act_backward, (cdev *dev, castor_activation a, const float *y, float *dy,
+     size_t n), (dev, a, y, dy, n))
+WRAP(OP_XENT, softmax_xent,
+     (cdev *dev, const float *l, const int32_t *lab, int r, int c, float g, float *dl, float *st),
+     (dev, l, lab, r, c, g, dl, st))
+WRAP(OP_MSE, mse,
+     (cdev *dev, const float *p, const float *t, int r, int c, float g, float *dp, float *st),
+     (dev, p, t, r, c, g, dp, st))
+WRAP(OP_ADD, add, (cdev *dev, float *d, const float *s, size_t n), (dev, d, s, n))
+WRAP(OP_OPTIM, optimizer_step,
+     (cdev *dev, const castor_optimizer *o, float *p, const float *g, float *st, size_t n,
+      int64_t step), (dev, o, p, g, st, n, step))
+WRAP(OP_RECORD, event_record, (cdev *dev, cdev_event *e, int s), (dev, e, s))
+WRAP(OP_WAIT, stream_wait, (cdev *dev, int s, cdev_event *e), (dev, s, e))
+
+/* A failing synchronize has run the queued work (as a kernel that faulted
+ * has run), and says it failed. */
+static int w_synchronize(cdev *dev)
+{
+    int i = slot(dev);
+    int rc = inj[i].real->synchronize(dev);
+    long n = ++inj[i].calls[OP_SYNC];
+    if (!rc && async_pending == dev) {
+        async_pending = NULL;
+        return castor__cdev_fail(dev, CASTOR_DEVICE, "%s: injected failure of queued work",
+                                 dev->name);
+    }
+    if (!rc && dev == fail_dev && fail_op == OP_SYNC && n == fail_at) {
+        failed = 1;
+        return castor__cdev_fail(dev, CASTOR_DEVICE, "%s: injected synchronize failure",
+                                 dev->name);
+    }
+    return rc;
+}
+
+static cdev_iface wrapped[MAXDEV];
+
+static void inject(castor_strategy *s)
+{
+    inj_n = s->n_replicas;
+    for (int i = 0; i < inj_n; i++) {
+        cdev *d = s->devs[i];
+        inj[i].dev = d;
+        inj[i].real = d->iface;
+        memset(inj[i].calls, 0, sizeof inj[i].calls);
+        cdev_iface w = *d->iface;
+        w.copy_h2d = w_copy_h2d;
+        w.copy_d2h = w_copy_d2h;
+        w.copy_d2d = w_copy_d2d;
+        w.memset0 = w_memset0;
+        w.gemm = w_gemm;
+        w.bias_add = w_bias_add;
+        w.bias_grad = w_bias_grad;
+        w.act_forward = w_act_forward;
+        w.act_backward = w_act_backward;
+        w.softmax_xent = w_softmax_xent;
+        w.mse = w_mse;
+        w.add = w_add;
+        w.optimizer_step = w_optimizer_step;
+        w.synchronize = w_synchronize;
+        w.event_record = w_event_record;
+        w.stream_wait = w_stream_wait;
+        wrapped[i] = w;
+        d->iface = &wrapped[i];
+    }
+}
+
+static void uninject(void)
+{
+    for (int i = 0; i < inj_n; i++)
+        inj[i].dev->iface = inj[i].real;
+    inj_n = 0;
+    fail_dev = NULL;
+    async_pending = NULL;
+}
+
+typedef struct scenario {
+    castor_strategy_kind kind;
+    const char *devices;
+    int n;          /* samples */
+    int batch;
+    int warm_steps; /* before the faulty one */
+    int async;
+} scenario;
+
+static castor_model *make(const scenario *sc, castor_strategy **s)
+{
+    cr_assert_eq(castor_strategy_create(s, sc->kind, sc->devices, NULL), CASTOR_OK, "%s",
+                 castor_strategy_errmsg(*s));
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_create(&m, F), CASTOR_OK);
+    cr_assert_eq(castor_model_add_layers(m, "5:tanh,3"), CASTOR_OK);
+    castor_optimizer opt = castor_optimizer_defaults(CASTOR_OPT_ADAM);
+    cr_assert_eq(castor_model_compile(m, *s, CASTOR_LOSS_SOFTMAX_XENT, &opt, 7), CASTOR_OK,
+                 "%s", castor_model_errmsg(m));
+    return m;
+}
+
+static int fit_steps(castor_model *m, castor_dataset *ds, const scenario *sc, int steps)
+{
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.epochs = 1000;
+    fo.batch_size = sc->batch;
+    fo.max_steps = steps;
+    return castor_model_fit(m, ds, &fo, NULL);
+}
+
+static float *params_of(castor_model *m)
+{
+    size_t n = castor_model_num_params(m);
+    float *p = malloc(n * sizeof *p);
+    cr_assert_eq(castor_model_get_params(m, p, n), CASTOR_OK, "%s", castor_model_errmsg(m));
+    return p;
+}
+
+static void sweep(const scenario *sc)
+{
+    castor_dataset *ds = support_synthetic(3, sc->n, F, C);
+    /* The reference: warm_steps + 2 steps with no fault. */
+    castor_strategy *s = NULL;
+    castor_model *m = make(sc, &s);
+    cr_assert_eq(fit_steps(m, ds, sc, sc->warm_steps + 2), CASTOR_OK, "%s",
+                 castor_model_errmsg(m));
+    float *want = params_of(m);
+    size_t np = castor_model_num_params(m);
+    /* Count the calls one step makes. */
+    castor_model_free(m);
+    castor_strategy_free(s);
+    m = make(sc, &s);
+    cr_assert_eq(fit_steps(m, ds, sc, sc->warm_steps), CASTOR_OK);
+    inject(s);
+    long counts[MAXDEV][OP_N];
+    cr_assert_eq(fit_steps(m, ds, sc, 1), CASTOR_OK, "%s", castor_model_errmsg(m));
+    int nrep = inj_n;
+    for (int i = 0; i < nrep; i++)
+        memcpy(counts[i], inj[i].calls, sizeof counts[i]);
+    uninject();
+    castor_model_free(m);
+    castor_strategy_free(s);
+
+    int cases = 0;
+    for (int rep = 0; rep < nrep; rep++)
+        for (int op = 0; op < OP_N; op++)
+            for (long at = 1; at <= counts[rep][op]; at++) {
+                m = make(sc, &s);
+                cr_assert_eq(fit_steps(m, ds, sc, sc->warm_steps), CASTOR_OK);
+                float *before = params_of(m);  /* also the host's optimizer state */
+                castor_run_stats rs0, rs1;
+                castor_model_run_stats(m, &rs0);
+                int64_t step0 = castor_model_step(m), sie0 = castor_model_step_in_epoch(m);
+                int64_t ep0 = castor_model_epoch(m);
+                inject(s);
+                fail_dev = s->devs[rep];
+                fail_op = op;
+                fail_at = at;
+                failed = 0;
+                async_mode = sc->async;
+                int rc = fit_steps(m, ds, sc, 1);
+                uninject();
+                char what[160];
+                snprintf(what, sizeof what, "%s %s: %s #%ld on replica %d",
+                         castor_strategy_kind_name(sc->kind), sc->devices, op_names[op], at, rep);
+                cr_assert(failed, "%s: not reached", what);
+                cr_assert_neq(rc, CASTOR_OK, "%s: fit succeeded", what);
+                cr_assert(strstr(castor_model_errmsg(m), "injected"), "%s: message '%s'", what,
+                          castor_model_errmsg(m));
+                cr_assert_eq(castor_model_step(m), step0, "%s: step moved", what);
+                cr_assert_eq(castor_model_step_in_epoch(m), sie0, "%s", what);
+                cr_assert_eq(castor_model_epoch(m), ep0, "%s", what);
+                castor_model_run_stats(m, &rs1);
+                cr_assert_eq(rs1.steps, rs0.steps, "%s: run stats counted it", what);
+                if (m->inconsistent) {
+                    castor_metrics met;
+                    cr_assert_eq(castor_model_evaluate(m, ds, sc->batch, &met), CASTOR_DEVICE,
+                                 "%s", what);
+                    cr_assert_eq(fit_steps(m, ds, sc, 1), CASTOR_DEVICE, "%s", what);
+                    cr_assert_eq(castor_model_set_params(m, before, np), CASTOR_OK, "%s: %s",
+                                 what, castor_model_errmsg(m));
+                } else {
+                    float *now = params_of(m);
+                    cr_assert(memcmp(now, before, np * sizeof *now) == 0,
+                              "%s: consistent but changed", what);
+                    free(now);
+                }
+                castor_metrics met;
+                cr_assert_eq(castor_model_evaluate(m, ds, sc->batch, &met), CASTOR_OK, "%s: %s",
+                             what, castor_model_errmsg(m));
+                cr_assert_eq(fit_steps(m, ds, sc, 2), CASTOR_OK, "%s: retry: %s", what,
+                             castor_model_errmsg(m));
+                float *got = params_of(m);
+                cr_assert(memcmp(got, want, np * sizeof *got) == 0,
+                          "%s: the retried steps differ from the reference", what);
+                free(got);
+                free(before);
+                castor_model_free(m);
+                castor_strategy_free(s);
+                cases++;
+            }
+    cr_log_info("%s %s: %d faults", castor_strategy_kind_name(sc->kind), sc->devices, cases);
+    free(want);
+    castor_dataset_free(ds);
+}
+
+Test(faults, central_cpu3)
+{
+    scenario sc = {CASTOR_STRATEGY_CENTRAL, "cpu:3", 40, 9, 1, 0};
+    sweep(&sc);
+}
+Test(faults, mirrored_cpu3)
+{
+    scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu:3", 40, 9, 1, 0};
+    sweep(&sc);
+}
+Test(faults, mirrored_cpu1)
+{
+    scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu", 40, 9, 1, 0};
+    sweep(&sc);
+}
+Test(faults, mirrored_cpu1x3)
+{
+    scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu:1x3", 40, 9, 1, 0};
+    sweep(&sc);
+}
+/* 10 samples in batches of 3 over 3 replicas: the last batch has 1 row,
+ * replicas 1 and 2 none. */
+Test(faults, central_cpu3_zero_rows)
+{
+    scenario sc = {CASTOR_STRATEGY_CENTRAL, "cpu:3", 10, 3, 3, 0};
+    sweep(&sc);
+}
+Test(faults, mirrored_cpu3_zero_rows)
+{
+    scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu:3", 10, 3, 3, 0};
+    sweep(&sc);
+}
+Test(faults, mirrored_cpu1x3_zero_rows)
+{
+    scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu:1x3", 10, 3, 3, 0};
+    sweep(&sc);
+}
+
+Test(faults, central_cpu3_async)
+{
+    scenario sc = {CASTOR_STRATEGY_CENTRAL, "cpu:3", 40, 9, 1, 1};
+    sweep(&sc);
+}
+Test(faults, mirrored_cpu3_async)
+{
+    scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu:3", 40, 9, 1, 1};
+    sweep(&sc);
+}
+Test(faults, mirrored_cpu1x3_async)
+{
+    scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu:1x3", 40, 9, 1, 1};
+    sweep(&sc);
+}
+Test(faults, mirrored_cpu1_async)
+{
+    scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu", 40, 9, 1, 1};
+    sweep(&sc);
+}
+Test(faults, central_cpu3_zero_rows_async)
+{
+    scenario sc = {CASTOR_STRATEGY_CENTRAL, "cpu:3", 10, 3, 3, 1};
+    sweep(&sc);
+}
