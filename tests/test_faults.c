@@ -19,11 +19,12 @@
 #define C 3
 
 enum { OP_H2D, OP_D2H, OP_D2D, OP_MEMSET, OP_GEMM, OP_BIAS_ADD, OP_BIAS_GRAD, OP_ACT_F,
-       OP_ACT_B, OP_XENT, OP_MSE, OP_ADD, OP_OPTIM, OP_SYNC, OP_RECORD, OP_WAIT, OP_N };
+       OP_ACT_B, OP_XENT, OP_MSE, OP_ADD, OP_OPTIM, OP_SYNC, OP_RECORD, OP_WAIT, OP_ALLOC,
+       OP_EVENT, OP_N };
 static const char *const op_names[OP_N] = {
     "copy_h2d", "copy_d2h", "copy_d2d", "memset0", "gemm", "bias_add", "bias_grad",
     "act_forward", "act_backward", "softmax_xent", "mse", "add", "optimizer_step",
-    "synchronize", "event_record", "stream_wait"};
+    "synchronize", "event_record", "stream_wait", "alloc", "event_create"};
 
 #define MAXDEV 8
 static struct {
@@ -58,7 +59,8 @@ static int hit(cdev *dev, int op, const cdev_iface **real)
     long n = ++inj[i].calls[op];
     if (dev == fail_dev && op == fail_op && n == fail_at) {
         failed = 1;
-        if (async_mode && op != OP_SYNC && op != OP_RECORD && op != OP_WAIT) {
+        if (async_mode && op != OP_SYNC && op != OP_RECORD && op != OP_WAIT &&
+            op != OP_ALLOC && op != OP_EVENT) {
             async_pending = dev;
             return -1;
         }
@@ -105,6 +107,8 @@ WRAP(OP_OPTIM, optimizer_step,
       int64_t step), (dev, o, p, g, st, n, step))
 WRAP(OP_RECORD, event_record, (cdev *dev, cdev_event *e, int s), (dev, e, s))
 WRAP(OP_WAIT, stream_wait, (cdev *dev, int s, cdev_event *e), (dev, s, e))
+WRAP(OP_ALLOC, alloc, (cdev *dev, size_t b, void **d), (dev, b, d))
+WRAP(OP_EVENT, event_create, (cdev *dev, cdev_event **e), (dev, e))
 
 /* A failing synchronize has run the queued work (as a kernel that faulted
  * has run), and says it failed. */
@@ -153,6 +157,8 @@ static void inject(castor_strategy *s)
         w.synchronize = w_synchronize;
         w.event_record = w_event_record;
         w.stream_wait = w_stream_wait;
+        w.alloc = w_alloc;
+        w.event_create = w_event_create;
         wrapped[i] = w;
         d->iface = &wrapped[i];
     }
@@ -356,4 +362,249 @@ Test(faults, central_cpu3_zero_rows_async)
 {
     scenario sc = {CASTOR_STRATEGY_CENTRAL, "cpu:3", 10, 3, 3, 1};
     sweep(&sc);
+}
+
+/* ---- faults in the calls around the steps ---- */
+
+enum { ACT_EVALUATE, ACT_PREDICT, ACT_GET, ACT_SET, ACT_SAVE, ACT_LOAD, ACT_EVAL_BIG, ACT_N };
+static const char *const act_names[ACT_N] = {"evaluate", "predict", "get_params", "set_params",
+                                             "save", "load", "evaluate in larger batches"};
+
+static int act(int a, castor_model *m, castor_dataset *ds, const scenario *sc,
+               const float *params, const char *path)
+{
+    size_t np = castor_model_num_params(m);
+    castor_metrics met;
+    int rc;
+    switch (a) {
+    case ACT_EVALUATE:
+        return castor_model_evaluate(m, ds, sc->batch, &met);
+    case ACT_PREDICT: {
+        size_t n = castor_dataset_size(ds);
+        float *out = malloc(n * C * sizeof *out);
+        rc = castor_model_predict(m, castor_dataset_x(ds), n, sc->batch, out);
+        free(out);
+        return rc;
+    }
+    case ACT_GET: {
+        float *p = malloc(np * sizeof *p);
+        rc = castor_model_get_params(m, p, np);
+        free(p);
+        return rc;
+    }
+    case ACT_SET:
+        return castor_model_set_params(m, params, np);
+    case ACT_SAVE:
+        return castor_model_save(m, path);
+    case ACT_EVAL_BIG:
+        return castor_model_evaluate(m, ds, 3 * sc->batch, &met);
+    default:
+        return castor_model_load(m, path);
+    }
+}
+
+static void sweep_calls(const scenario *sc)
+{
+    castor_dataset *ds = support_synthetic(3, sc->n, F, C);
+    char *dir = support_tmpdir();
+    char path[4200], path2[4200];
+    snprintf(path, sizeof path, "%s/a.safetensors", dir);
+    snprintf(path2, sizeof path2, "%s/b.safetensors", dir);
+    castor_strategy *s = NULL;
+    castor_model *m = make(sc, &s);
+    cr_assert_eq(fit_steps(m, ds, sc, sc->warm_steps + 1), CASTOR_OK);
+    float *want = params_of(m);
+    size_t np = castor_model_num_params(m);
+    castor_model_free(m);
+    castor_strategy_free(s);
+    int cases = 0;
+    for (int a = 0; a < ACT_N; a++) {
+        m = make(sc, &s);
+        cr_assert_eq(fit_steps(m, ds, sc, sc->warm_steps), CASTOR_OK);
+        cr_assert_eq(castor_model_save(m, path), CASTOR_OK, "%s", castor_model_errmsg(m));
+        /* Trained on since the host's copy was taken (mirrored). */
+        cr_assert_eq(fit_steps(m, ds, sc, 1), CASTOR_OK);
+        float *p = params_of(m);
+        cr_assert_eq(castor_model_load(m, path), CASTOR_OK);
+        /* The replicas hold what the host does; as if trained since (mirrored),
+         * so that get_params and save read them back. */
+        m->host_params_current = 0;
+        inject(s);
+        cr_assert_eq(act(a, m, ds, sc, p, path2), CASTOR_OK, "%s", castor_model_errmsg(m));
+        long counts[MAXDEV][OP_N];
+        int nrep = inj_n;
+        for (int i = 0; i < nrep; i++)
+            memcpy(counts[i], inj[i].calls, sizeof counts[i]);
+        uninject();
+        free(p);
+        castor_model_free(m);
+        castor_strategy_free(s);
+        for (int rep = 0; rep < nrep; rep++)
+            for (int op = 0; op < OP_N; op++)
+                for (long at = 1; at <= counts[rep][op]; at++) {
+                    m = make(sc, &s);
+                    cr_assert_eq(fit_steps(m, ds, sc, sc->warm_steps), CASTOR_OK);
+                    float *before = params_of(m);
+                    int64_t step0 = castor_model_step(m);
+                    m->host_params_current = 0;
+                    inject(s);
+                    fail_dev = s->devs[rep];
+                    fail_op = op;
+                    fail_at = at;
+                    failed = 0;
+                    async_mode = sc->async;
+                    int rc = act(a, m, ds, sc, before, path);
+                    uninject();
+                    char what[160];
+                    snprintf(what, sizeof what, "%s %s %s: %s #%ld on replica %d",
+                             castor_strategy_kind_name(sc->kind), sc->devices, act_names[a],
+                             op_names[op], at, rep);
+                    cr_assert(failed, "%s: not reached", what);
+                    cr_assert_neq(rc, CASTOR_OK, "%s: succeeded", what);
+                    /* A dropped copy may leave labels a kernel refuses first. */
+                    cr_assert(sc->async || strstr(castor_model_errmsg(m), "injected"),
+                              "%s: message '%s'", what, castor_model_errmsg(m));
+                    cr_assert_eq(castor_model_step(m), step0, "%s: step moved", what);
+                    if (m->inconsistent) {
+                        cr_assert(a == ACT_SET || a == ACT_LOAD, "%s: inconsistent", what);
+                        cr_assert_eq(castor_model_set_params(m, before, np), CASTOR_OK,
+                                     "%s: %s", what, castor_model_errmsg(m));
+                    } else {
+                        float *now = params_of(m);
+                        cr_assert(memcmp(now, before, np * sizeof *now) == 0,
+                                  "%s: consistent but changed", what);
+                        free(now);
+                    }
+                    cr_assert_eq(fit_steps(m, ds, sc, 1), CASTOR_OK, "%s: retry: %s", what,
+                                 castor_model_errmsg(m));
+                    float *got = params_of(m);
+                    cr_assert(memcmp(got, want, np * sizeof *got) == 0,
+                              "%s: the next step differs from the reference", what);
+                    free(got);
+                    free(before);
+                    castor_model_free(m);
+                    castor_strategy_free(s);
+                    cases++;
+                }
+    }
+    cr_log_info("calls %s %s: %d faults", castor_strategy_kind_name(sc->kind), sc->devices,
+                cases);
+    support_rmrf(dir);
+    free(dir);
+    free(want);
+    castor_dataset_free(ds);
+}
+
+Test(faults, calls_central_cpu3)
+{
+    scenario sc = {CASTOR_STRATEGY_CENTRAL, "cpu:3", 40, 9, 1, 0};
+    sweep_calls(&sc);
+}
+Test(faults, calls_central_cpu3_async)
+{
+    scenario sc = {CASTOR_STRATEGY_CENTRAL, "cpu:3", 40, 9, 1, 1};
+    sweep_calls(&sc);
+}
+Test(faults, calls_mirrored_cpu3)
+{
+    scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu:3", 40, 9, 1, 0};
+    sweep_calls(&sc);
+}
+Test(faults, calls_mirrored_cpu3_async)
+{
+    scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu:3", 40, 9, 1, 1};
+    sweep_calls(&sc);
+}
+Test(faults, calls_mirrored_cpu1x3_async)
+{
+    scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu:1x3", 40, 9, 1, 1};
+    sweep_calls(&sc);
+}
+
+/* ---- faults while compiling ---- */
+
+static void sweep_compile(const scenario *sc)
+{
+    castor_strategy *s = NULL;
+    castor_model *m = make(sc, &s);
+    float *want = params_of(m);
+    size_t np = castor_model_num_params(m);
+    castor_model_free(m);
+    castor_optimizer opt = castor_optimizer_defaults(CASTOR_OPT_ADAM);
+    inject(s);
+    cr_assert_eq(castor_model_create(&m, F), CASTOR_OK);
+    cr_assert_eq(castor_model_add_layers(m, "5:tanh,3"), CASTOR_OK);
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, &opt, 7), CASTOR_OK);
+    long counts[MAXDEV][OP_N];
+    int nrep = inj_n;
+    for (int i = 0; i < nrep; i++)
+        memcpy(counts[i], inj[i].calls, sizeof counts[i]);
+    uninject();
+    castor_model_free(m);
+    castor_strategy_free(s);
+    int cases = 0;
+    for (int rep = 0; rep < nrep; rep++)
+        for (int op = 0; op < OP_N; op++)
+            for (long at = 1; at <= counts[rep][op]; at++) {
+                cr_assert_eq(castor_strategy_create(&s, sc->kind, sc->devices, NULL),
+                             CASTOR_OK);
+                cr_assert_eq(castor_model_create(&m, F), CASTOR_OK);
+                cr_assert_eq(castor_model_add_layers(m, "5:tanh,3"), CASTOR_OK);
+                inject(s);
+                fail_dev = s->devs[rep];
+                fail_op = op;
+                fail_at = at;
+                failed = 0;
+                async_mode = sc->async;
+                int rc = castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, &opt, 7);
+                uninject();
+                char what[160];
+                snprintf(what, sizeof what, "%s %s compile: %s #%ld on replica %d",
+                         castor_strategy_kind_name(sc->kind), sc->devices, op_names[op], at,
+                         rep);
+                cr_assert(failed, "%s: not reached", what);
+                cr_assert_neq(rc, CASTOR_OK, "%s: succeeded", what);
+                cr_assert(strstr(castor_model_errmsg(m), "injected"), "%s: message '%s'", what,
+                          castor_model_errmsg(m));
+                for (int i = 0; i < s->n_replicas; i++)
+                    cr_assert_eq(s->devs[i]->used, 0, "%s: %zu bytes left on replica %d", what,
+                                 s->devs[i]->used, i);
+                float p[1];
+                cr_assert_eq(castor_model_get_params(m, p, 1), CASTOR_MISUSE, "%s", what);
+                /* Compiled again on the same strategy, it is the model it would have been. */
+                cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, &opt, 7),
+                             CASTOR_OK, "%s: again: %s", what, castor_model_errmsg(m));
+                float *got = params_of(m);
+                cr_assert(memcmp(got, want, np * sizeof *got) == 0, "%s: differs", what);
+                cr_assert_eq(castor_model_step(m), 0, "%s", what);
+                cr_assert_eq(m->inconsistent, 0, "%s", what);
+                free(got);
+                castor_model_free(m);
+                castor_strategy_free(s);
+                cases++;
+            }
+    cr_log_info("compile %s %s: %d faults", castor_strategy_kind_name(sc->kind), sc->devices,
+                cases);
+    free(want);
+}
+
+Test(faults, compile_central_cpu3)
+{
+    scenario sc = {CASTOR_STRATEGY_CENTRAL, "cpu:3", 40, 9, 1, 0};
+    sweep_compile(&sc);
+}
+Test(faults, compile_mirrored_cpu3)
+{
+    scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu:3", 40, 9, 1, 0};
+    sweep_compile(&sc);
+}
+Test(faults, compile_mirrored_cpu3_async)
+{
+    scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu:3", 40, 9, 1, 1};
+    sweep_compile(&sc);
+}
+Test(faults, compile_mirrored_cpu1x3)
+{
+    scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu:1x3", 40, 9, 1, 0};
+    sweep_compile(&sc);
 }
