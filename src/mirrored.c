@@ -248,8 +248,13 @@ static int mirrored_pull(castor_model *m)
                            r->state_bytes);
     if (!rc)
         rc = dev->iface->synchronize(dev);
-    if (rc)
-        return castor__model_fail(m, rc, "replica 0 (%s): %s", dev->name, dev->errmsg);
+    if (rc) {
+        rc = castor__model_fail(m, rc, "replica 0 (%s): %s", dev->name, dev->errmsg);
+        /* A copy queued before the failure must not land in the host's
+         * buffers later, over what a load or set_params puts there. */
+        (void)dev->iface->synchronize(dev);
+        return rc;
+    }
     m->host_params_current = 1;
     return CASTOR_OK;
 }

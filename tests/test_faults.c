@@ -608,3 +608,51 @@ Test(faults, compile_mirrored_cpu1x3)
     scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu:1x3", 40, 9, 1, 0};
     sweep_compile(&sc);
 }
+
+/* A mirrored get_params that failed part-way left its first copy (replica 0's
+ * variables into the host's) queued: a load after it placed the file's
+ * values, and then that copy ran, ahead of replica 0's upload, and put the
+ * old variables back on the host and on replica 0. */
+Test(faults, a_failed_read_back_leaves_no_copy_behind)
+{
+    scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu:2", 40, 8, 1, 0};
+    castor_dataset *ds = support_synthetic(3, sc.n, F, C);
+    char *dir = support_tmpdir();
+    char path[4200];
+    snprintf(path, sizeof path, "%s/a.safetensors", dir);
+    castor_strategy *s = NULL;
+    castor_model *m = make(&sc, &s);
+    cr_assert_eq(fit_steps(m, ds, &sc, 1), CASTOR_OK);
+    float *saved = params_of(m);
+    cr_assert_eq(castor_model_save(m, path), CASTOR_OK, "%s", castor_model_errmsg(m));
+    cr_assert_eq(fit_steps(m, ds, &sc, 1), CASTOR_OK);
+    size_t np = castor_model_num_params(m);
+    float *p = malloc(np * sizeof *p);
+
+    /* The second copy back (the optimizer state) fails as it is queued. */
+    inject(s);
+    fail_dev = s->devs[0];
+    fail_op = OP_D2H;
+    fail_at = 2;
+    failed = 0;
+    async_mode = 0;
+    int rc = castor_model_get_params(m, p, np);
+    uninject();
+    cr_assert(failed);
+    cr_assert_eq(rc, CASTOR_DEVICE, "%s", castor_model_errmsg(m));
+
+    cr_assert_eq(castor_model_load(m, path), CASTOR_OK, "%s", castor_model_errmsg(m));
+    cr_assert_eq(castor_model_get_params(m, p, np), CASTOR_OK, "%s", castor_model_errmsg(m));
+    cr_assert(memcmp(p, saved, np * sizeof *p) == 0, "the loaded variables were overwritten");
+    /* And every replica holds them: the host's copy is read back from replica 0. */
+    m->host_params_current = 0;
+    cr_assert_eq(castor_model_get_params(m, p, np), CASTOR_OK, "%s", castor_model_errmsg(m));
+    cr_assert(memcmp(p, saved, np * sizeof *p) == 0, "replica 0 holds other variables");
+    free(p);
+    free(saved);
+    castor_model_free(m);
+    castor_strategy_free(s);
+    support_rmrf(dir);
+    free(dir);
+    castor_dataset_free(ds);
+}
