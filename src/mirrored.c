@@ -36,6 +36,7 @@ typedef struct step_ctx {
     castor_model *m;
     const castor__batch *b;
     float grad_scale;
+    int update_queued;  /* REDUCE_NONE: the one replica has queued its update */
 } step_ctx;
 
 static int apply_update(castor_model *m, castor__replica *r)
@@ -78,6 +79,7 @@ static void grads_task(void *ctx, int index, int count)
         break;
     case REDUCE_NONE:
         rc = apply_update(m, r);
+        c->update_queued = !rc;
         break;
     default:
         break;  /* REDUCE_SHARED, REDUCE_NCCL: summed in the second phase */
@@ -141,14 +143,16 @@ static int mirrored_train_step(castor_model *m, const castor__batch *b,
     if (rc)
         return rc;
     castor__runtime *rt = m->rt;
-    step_ctx c = {m, b, 1.0f / (float)b->rows};
+    step_ctx c = {m, b, 1.0f / (float)b->rows, 0};
     /* With one replica the update happens inside the first phase. */
     int one_phase = rt->reduce == REDUCE_NONE;
     double t0 = castor__now();
     if ((rc = castor__run_replicas(m, grads_task, &c))) {
-        if (one_phase)
-            m->inconsistent = 1;  /* the replica may have updated */
-        return rc;                /* otherwise no replica has changed its variables yet */
+        /* The replica may have updated once its update was queued; before,
+         * or with several replicas, none has changed its variables yet. */
+        if (one_phase && c.update_queued)
+            m->inconsistent = 1;
+        return rc;
     }
     double t1 = castor__now();
     castor__sum_stats(m, stats);

@@ -656,3 +656,47 @@ Test(faults, a_failed_read_back_leaves_no_copy_behind)
     free(dir);
     castor_dataset_free(ds);
 }
+
+/* One mirrored replica updates in the same phase as it computes: a failure
+ * before the update was queued changed nothing, and the model was marked as
+ * if it had (refusing work until set_params, which takes the optimizer
+ * state back to the host's last copy of it). */
+Test(faults, one_mirrored_replica_failing_before_its_update_stays_consistent)
+{
+    scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu", 40, 8, 2, 0};
+    castor_dataset *ds = support_synthetic(3, sc.n, F, C);
+    castor_strategy *s = NULL;
+    castor_model *m = make(&sc, &s);
+    cr_assert_eq(fit_steps(m, ds, &sc, sc.warm_steps + 1), CASTOR_OK);
+    float *want = params_of(m);
+    castor_model_free(m);
+    castor_strategy_free(s);
+    static const int ops[] = {OP_H2D, OP_GEMM, OP_XENT, OP_OPTIM};
+    for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) {
+        m = make(&sc, &s);
+        cr_assert_eq(fit_steps(m, ds, &sc, sc.warm_steps), CASTOR_OK);
+        inject(s);
+        fail_dev = s->devs[0];
+        fail_op = ops[i];
+        fail_at = 1;
+        failed = 0;
+        async_mode = 0;
+        int rc = fit_steps(m, ds, &sc, 1);
+        uninject();
+        cr_assert(failed);
+        cr_assert_eq(rc, CASTOR_DEVICE, "%s", castor_model_errmsg(m));
+        castor_metrics met;
+        cr_assert_eq(castor_model_evaluate(m, ds, sc.batch, &met), CASTOR_OK, "%s: %s",
+                     op_names[ops[i]], castor_model_errmsg(m));
+        cr_assert_eq(fit_steps(m, ds, &sc, 1), CASTOR_OK, "%s", castor_model_errmsg(m));
+        float *got = params_of(m);
+        size_t np = castor_model_num_params(m);
+        cr_assert(memcmp(got, want, np * sizeof *got) == 0, "%s: the step differs",
+                  op_names[ops[i]]);
+        free(got);
+        castor_model_free(m);
+        castor_strategy_free(s);
+    }
+    free(want);
+    castor_dataset_free(ds);
+}
