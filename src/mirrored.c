@@ -131,8 +131,13 @@ static int sum_on_device(castor_model *m)
         rc = dev->iface->add(dev, r0->d_grads, m->rt->reps[i].d_grads, m->n_params);
     if (!rc)
         rc = dev->iface->synchronize(dev);
-    if (rc)
-        return castor__model_fail(m, rc, "replica 0 (%s): %s", dev->name, dev->errmsg);
+    if (rc) {
+        rc = castor__model_fail(m, rc, "replica 0 (%s): %s", dev->name, dev->errmsg);
+        /* The sums queued before the failure read the other replicas'
+         * gradients: run them now, not while those are written next step. */
+        (void)dev->iface->synchronize(dev);
+        return rc;
+    }
     return CASTOR_OK;
 }
 

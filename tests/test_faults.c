@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "castor.h"
+#include "device/cpu/cpu_streams.h"
 #include "device/device.h"
 #include "src/model.h"
 #include "src/strategy.h"
@@ -131,6 +132,15 @@ static int w_synchronize(cdev *dev)
 }
 
 static cdev_iface wrapped[MAXDEV];
+
+/* A call that failed has waited for what it queued: nothing of it may run
+ * later, over the buffers the next call uses. */
+static void assert_nothing_queued(const castor_strategy *s, const char *what)
+{
+    for (int i = 0; i < s->n_replicas; i++)
+        cr_assert_eq(castor__cpu_streams_pending(s->devs[i]->ctx), 0,
+                     "%s: work left queued on replica %d", what, i);
+}
 
 static void inject(castor_strategy *s)
 {
@@ -264,6 +274,7 @@ static void sweep(const scenario *sc)
                 cr_assert(strstr(castor_model_errmsg(m), "injected"), "%s: message '%s'", what,
                           castor_model_errmsg(m));
                 cr_assert_eq(castor_model_step(m), step0, "%s: step moved", what);
+                assert_nothing_queued(s, what);
                 cr_assert_eq(castor_model_step_in_epoch(m), sie0, "%s", what);
                 cr_assert_eq(castor_model_epoch(m), ep0, "%s", what);
                 castor_model_run_stats(m, &rs1);
@@ -465,6 +476,8 @@ static void sweep_calls(const scenario *sc)
                     cr_assert(sc->async || strstr(castor_model_errmsg(m), "injected"),
                               "%s: message '%s'", what, castor_model_errmsg(m));
                     cr_assert_eq(castor_model_step(m), step0, "%s: step moved", what);
+                    assert_nothing_queued(s, what);
+                assert_nothing_queued(s, what);
                     if (m->inconsistent) {
                         cr_assert(a == ACT_SET || a == ACT_LOAD, "%s: inconsistent", what);
                         cr_assert_eq(castor_model_set_params(m, before, np), CASTOR_OK,

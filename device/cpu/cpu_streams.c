@@ -238,6 +238,14 @@ static int run_all(cdev *dev, castor__cpu_streams *st)
     return rc;
 }
 
+size_t castor__cpu_streams_pending(const castor__cpu_streams *st)
+{
+    size_t n = 0;
+    for (int s = 0; s < CDEV_NUM_STREAMS; s++)
+        n += st->q[s].len - st->q[s].head;
+    return n;
+}
+
 void castor__cpu_streams_flush(cdev *dev, castor__cpu_streams *st)
 {
     int rc = run_all(dev, st);

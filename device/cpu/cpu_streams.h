@@ -61,6 +61,8 @@ typedef struct castor__cpu_streams castor__cpu_streams;
 castor__cpu_streams *castor__cpu_streams_new(void);
 /* Drops whatever is still queued, unrun. */
 void castor__cpu_streams_free(castor__cpu_streams *st);
+/* Entries queued and not yet run, on every stream (the tests ask it). */
+size_t castor__cpu_streams_pending(const castor__cpu_streams *st);
 
 /*
  * Queue op on stream after checking its accesses against every operation
