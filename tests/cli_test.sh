@@ -210,6 +210,18 @@ expect_error 2 "missing value" train --epochs
 expect_error 2 "flag as a value" train --epochs --batch 64
 expect_error 2 "empty value" train --epochs=
 expect_error 2 "value to a switch" train --json=1
+# --help is a switch like --json: a value to it is that mistake, not an unknown flag
+for args in "train --help=x" "eval --help=" "--help=train"; do
+    # shellcheck disable=SC2086
+    run $args
+    if [[ $rc -eq 2 && $(lines "$T/err") -eq 1 ]] && grep -q '^castor: .*--help takes no value' \
+        "$T/err" && ! grep -q 'unknown' "$T/err"; then
+        ok "castor $args -> 2: $(head -c 100 "$T/err")"
+    else
+        bad "castor $args: want status 2 and '--help takes no value'; got status $rc" \
+            "$(cat "$T/err")"
+    fi
+done
 expect_error 2 "--epochs 0" train --epochs 0
 expect_error 2 "--epochs abc" train --epochs abc
 expect_error 2 "--epochs 5x" train --epochs 5x

@@ -55,6 +55,11 @@ int cli_next(cli_parser *p, const cli_flag *flags, const char **value)
     const char *arg = p->argv[p->i++];
     if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0)
         return CLI_HELP;
+    /* A switch of every command, though not in its table. */
+    if (strncmp(arg, "--help=", 7) == 0) {
+        cli_errorf("%s: --help takes no value", p->cmd);
+        return CLI_FAIL;
+    }
     if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0') {
         if (arg[0] == '-' && arg[1] != '\0')
             cli_errorf("%s: unknown flag '%s' (see 'castor %s --help')", p->cmd, arg, p->cmd);

@@ -125,7 +125,9 @@ static int dispatch(int argc, char **argv)
         return help(sub_argc, sub_argv); /* castor --help train: as castor help train */
     if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "version") == 0)
         return print_version(sub_argc, sub_argv);
-    if (cmd[0] == '-')
+    if (strncmp(cmd, "--help=", 7) == 0 || strncmp(cmd, "--version=", 10) == 0)
+        cli_errorf("%.*s takes no value", (int)(strchr(cmd, '=') - cmd), cmd);
+    else if (cmd[0] == '-')
         cli_errorf("unknown flag '%s' (see 'castor --help')", cmd);
     else
         cli_errorf("unknown command '%s' (see 'castor --help')", cmd);
