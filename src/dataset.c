@@ -223,6 +223,22 @@ CASTOR_API int castor_dataset_load_mnist_dir(castor_dataset **out, const char *d
                      which ? which : "(null)");
         return CASTOR_INVALID;
     }
+    /* A directory that is not there, or a file, is named as such: "missing
+     * train-images-idx3-ubyte" would send the user looking for files. */
+    struct stat dst;
+    if (stat(dir, &dst) != 0) {
+        int e = errno;
+        castor__errf(err, errlen, "%s: %s%s", dir, strerror(e),
+                     e == ENOENT ? " (for Fashion-MNIST install the Debian package "
+                                   "dataset-fashion-mnist)"
+                                 : "");
+        return CASTOR_IO;
+    }
+    if (!S_ISDIR(dst.st_mode)) {
+        castor__errf(err, errlen, "%s: not a directory (give the directory of the IDX files)",
+                     dir);
+        return CASTOR_IO;
+    }
     char images[4096], labels[4096], iname[32], lname[32];
     snprintf(iname, sizeof iname, "%s-images-idx3-ubyte", prefix);
     snprintf(lname, sizeof lname, "%s-labels-idx1-ubyte", prefix);

@@ -264,6 +264,20 @@ else
     bad "--devices gpu:1: status $rc, want 1 or 2 with one 'castor: ' line" "$(cat "$T/err")"
 fi
 expect_error 1 "missing data directory" train --data "$T/no-such-dir" --epochs 1
+# ... which is what it says: not that the IDX files are missing from it (a typo in --data
+# is not a data set without its files); nor is a file given as --data
+if grep -q 'no-such-dir: No such file or directory' "$T/err" && ! grep -q 'missing' "$T/err"; then
+    ok "a missing --data directory is named as such"
+else
+    bad "a missing --data directory: want 'DIR: No such file or directory'" "$(cat "$T/err")"
+fi
+run train --data "$BIN" --epochs 1
+if [[ $rc -eq 1 ]] && grep -q "$BIN: not a directory" "$T/err" && ! grep -q 'missing' "$T/err"
+then
+    ok "--data FILE -> 1: not a directory"
+else
+    bad "--data FILE: want status 1 and 'not a directory'; got status $rc" "$(cat "$T/err")"
+fi
 
 # ---- info -------------------------------------------------------------------------------
 run info
