@@ -1032,6 +1032,11 @@ for target in /dev/null "$T/fifo"; do
 done
 rm -f "$T/fifo"
 expect_error 1 "--save into a missing directory" "${TRAIN[@]}" --epochs 1 --save "$T/no-such-dir/m.safetensors"
+# A file where its directory should be is named as that, not as a directory missing
+expect_error 1 "--save under a file" "${TRAIN[@]}" --epochs 1 --save "$SAVED/m.safetensors"
+if ! grep -q "$SAVED is not a directory" "$T/err" || grep -q 'does not exist' "$T/err"; then
+    bad "--save under a file: want '$SAVED is not a directory'" "$(cat "$T/err")"
+fi
 expect_error 1 "--checkpoint-dir that is a file" "${TRAIN[@]}" --epochs 1 --checkpoint-dir "$SAVED"
 # A checkpoint that cannot be written stops training with an error (here a
 # directory stands where the second checkpoint would go).

@@ -304,8 +304,15 @@ static int prepare_outputs(train_run *r)
             cli_errorf("--save %s: exists and is not a regular file", r->o.save);
             return CLI_EXIT_USAGE;
         }
-        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-            cli_errorf("--save %s: the directory %s does not exist", r->o.save, dir);
+        if (stat(dir, &st) != 0) {
+            if (errno == ENOENT)
+                cli_errorf("--save %s: the directory %s does not exist", r->o.save, dir);
+            else
+                cli_errorf("--save %s: the directory %s: %s", r->o.save, dir, strerror(errno));
+            return CLI_EXIT_RUNTIME;
+        }
+        if (!S_ISDIR(st.st_mode)) {
+            cli_errorf("--save %s: %s is not a directory", r->o.save, dir);
             return CLI_EXIT_RUNTIME;
         }
         if (access(dir, W_OK | X_OK) != 0) {
