@@ -81,13 +81,23 @@ static int parse_entry(const char *tok, size_t len, castor__device_entry *e, cha
         size_t skip = cpu ? 4 : 5;
         bad = parse_times(tok + skip, len - skip, cpu ? 1 : 0, cpu ? CASTOR__MAX_REPLICAS : 1023,
                           &n, &k);
+        /* The part found bad is quoted: "must be 1..64" alone, of "cpu:2abc",
+         * names a range that 2 is in. */
+        const char *num = tok + skip, *end = tok + len, *x = memchr(num, 'x', len - skip);
+        if (!x)
+            x = memchr(num, 'X', len - skip);
+        int k_len = x ? (int)(end - x - 1 < 32 ? end - x - 1 : 32) : 0;
+        int n_len = (int)((x ? x : end) - num < 32 ? (x ? x : end) - num : 32);
         if (bad == TIMES_BAD_K)
             return list_fail(err, errlen,
-                             "bad device '%s': the replica count after x must be 1..%d", shown,
-                             CASTOR__MAX_REPLICAS);
+                             "bad device '%s': the replica count after x must be a whole number "
+                             "1..%d, not '%.*s'",
+                             shown, CASTOR__MAX_REPLICAS, k_len, x + 1);
         if (bad && cpu)
-            return list_fail(err, errlen, "bad device '%s': the count after cpu: must be 1..%d",
-                             shown, CASTOR__MAX_REPLICAS);
+            return list_fail(err, errlen,
+                             "bad device '%s': the count after cpu: must be a whole number 1..%d, "
+                             "not '%.*s'",
+                             shown, CASTOR__MAX_REPLICAS, n_len, num);
         if (bad)
             return list_fail(err, errlen, "bad device '%s': %s", shown, forms);
         if (cpu && n * k > CASTOR__MAX_REPLICAS)

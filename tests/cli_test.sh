@@ -263,6 +263,16 @@ if [[ ($rc -eq 1 || $rc -eq 2) && $(lines "$T/err") -eq 1 ]] && grep -q '^castor
 else
     bad "--devices gpu:1: status $rc, want 1 or 2 with one 'castor: ' line" "$(cat "$T/err")"
 fi
+# A count in range with more after it: the message quotes what is wrong, not only the range
+# that 2 is in ("cpu:2abc: the count after cpu: must be 1..64" read as nonsense)
+for dev in "cpu:2abc" "cpu:2x2x"; do
+    expect_error 2 "--devices $dev" train --devices "$dev" --epochs 1
+    want=${dev#cpu:}
+    [[ $dev == *x*x ]] && want=${want#*x}
+    if ! grep -q "a whole number 1\.\.64, not '$want'" "$T/err"; then
+        bad "--devices $dev: want \"a whole number 1..64, not '$want'\"" "$(cat "$T/err")"
+    fi
+done
 expect_error 1 "missing data directory" train --data "$T/no-such-dir" --epochs 1
 # ... which is what it says: not that the IDX files are missing from it (a typo in --data
 # is not a data set without its files); nor is a file given as --data
