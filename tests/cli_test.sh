@@ -883,6 +883,35 @@ assert d["steps"] == 0 and d["global_step"] == 1920 and d["test_accuracy"] is no
     fi
 fi
 
+# ---- standard descriptors closed by the caller ---------------------------------------------
+# A closed stderr (2>&-) would be the next file castor opens, a checkpoint,
+# and any message meant for stderr would land in it: castor puts /dev/null
+# there (it left descriptor 2 to the checkpoint's temporary file). A closed
+# stdout is still a failure to write the results.
+"$BIN" "${TRAIN[@]}" --devices cpu --batch 8 --epochs 100000 --quiet \
+    --checkpoint-dir "$T/ck-closed" --checkpoint-every 1 >/dev/null 2>&- &
+BGPID=$!
+if wait_for "$BGPID" tmp_file_in "$T/ck-closed" || wait_for "$BGPID" test -d "$T/ck-closed"; then
+    fd2=$(readlink "/proc/$BGPID/fd/2")
+else
+    fd2="(castor ended or made no checkpoint)"
+fi
+kill -KILL "$BGPID" 2>/dev/null
+wait "$BGPID" 2>/dev/null
+BGPID=""
+if [[ $fd2 == /dev/null ]]; then
+    ok "train with stderr closed: descriptor 2 is /dev/null, not a checkpoint"
+else
+    bad "train with stderr closed: descriptor 2 is '$fd2'"
+fi
+"$BIN" info >&- 2>"$T/err"
+rc=$?
+if [[ $rc -eq 1 ]] && grep -q "cannot write to stdout: it is closed" "$T/err"; then
+    ok "info with stdout closed -> 1, 'cannot write to stdout: it is closed'"
+else
+    bad "info with stdout closed: status $rc" "$(cat "$T/err")"
+fi
+
 # ---- a checkpoint from another OpenBLAS thread count: goes on, and says not bit for bit -------
 # OpenBLAS splits a GEMM's sums by thread, so another count rounds otherwise;
 # the file records the count (blas_threads) and a resume with another warns.

@@ -1,6 +1,9 @@
 /* castor: the program's entry point, which hands over to a subcommand. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "castor.h"
 #include "args.h"
@@ -134,13 +137,33 @@ static int dispatch(int argc, char **argv)
     return CLI_EXIT_USAGE;
 }
 
+/* A standard descriptor the caller closed (2>&-) would be the next file
+ * opened, a checkpoint say, and what is printed to it would land there:
+ * each closed one is opened on /dev/null (the lowest free descriptor, so
+ * in order each gets its own number). Returns whether stdout was closed. */
+static int fill_closed_std_fds(void)
+{
+    int stdout_closed = 0;
+    for (int fd = 0; fd <= 2; fd++) {
+        if (fcntl(fd, F_GETFD) != -1 || errno != EBADF)
+            continue;
+        stdout_closed |= fd == 1;
+        int got = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+        if (got >= 0 && got != fd)
+            close(got);
+    }
+    return stdout_closed;
+}
+
 int main(int argc, char **argv)
 {
+    int stdout_closed = fill_closed_std_fds();
     int rc = dispatch(argc, argv);
     /* Whatever a command printed (help, a version, a table) must have
-     * reached stdout: a full disk or a closed pipe is a failure, not 0. */
-    if (rc == CLI_EXIT_OK && (fflush(stdout) != 0 || ferror(stdout))) {
-        cli_errorf("cannot write to stdout");
+     * reached stdout: a full disk, a closed pipe or a closed stdout is a
+     * failure, not 0. */
+    if (rc == CLI_EXIT_OK && (fflush(stdout) != 0 || ferror(stdout) || stdout_closed)) {
+        cli_errorf("cannot write to stdout%s", stdout_closed ? ": it is closed" : "");
         rc = CLI_EXIT_RUNTIME;
     }
     return rc;
