@@ -883,6 +883,14 @@ assert d["steps"] == 0 and d["global_step"] == 1920 and d["test_accuracy"] is no
     fi
 fi
 
+# The summary counts in words that agree with the number ("1 steps" before).
+run "${TRAIN[@]}" --devices cpu --batch 512 --epochs 1
+if [[ $rc -eq 0 ]] && grep -q '^training: *1 epoch, batch 512, 1 step in ' "$T/out"; then
+    ok "summary of a one-step run: '1 epoch, ..., 1 step'"
+else
+    bad "summary of a one-step run: status $rc" "$(grep training: "$T/out"; cat "$T/err")"
+fi
+
 # ---- standard descriptors closed by the caller ---------------------------------------------
 # A closed stderr (2>&-) would be the next file castor opens, a checkpoint,
 # and any message meant for stderr would land in it: castor puts /dev/null

@@ -90,9 +90,9 @@ static int report_text(const train_run *r)
     if (r->resumed_from[0])
         printf("%-10s from %s at step %lld\n", "resumed:", r->resumed_from,
                (long long)r->step0);
-    printf("%-10s %d epoch%s, batch %d, %lld steps in %.2f s (%.0f samples/s)\n", "training:",
-           r->o.epochs, r->o.epochs == 1 ? "" : "s", r->o.batch, steps, r->fit_seconds,
-           r->fit_seconds > 0 ? samples / r->fit_seconds : 0.0);
+    printf("%-10s %d epoch%s, batch %d, %lld step%s in %.2f s (%.0f samples/s)\n", "training:",
+           r->o.epochs, r->o.epochs == 1 ? "" : "s", r->o.batch, steps, steps == 1 ? "" : "s",
+           r->fit_seconds, r->fit_seconds > 0 ? samples / r->fit_seconds : 0.0);
     if (r->fitted) {
         print_metrics("train:", r->train_m.loss, r->train_m.accuracy);
         /* A run resumed part-way through its last epoch saw only the rest. */
