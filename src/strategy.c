@@ -249,9 +249,12 @@ int castor__run_replicas(castor_model *m, castor__pool_fn fn, void *ctx)
         castor__replica *r = &rt->reps[i];
         if (!r->status)
             continue;
-        if (!rc)  /* the first failure is the one reported */
+        if (!rc)  /* the first failure is the one reported, the others logged */
             rc = castor__model_fail(m, r->status, "replica %d (%s): %s", i, r->dev->name,
                                     r->dev->errmsg);
+        else
+            castor__log(m->strategy, CASTOR_LOG_WARN, "replica %d (%s) failed too: %s", i,
+                        r->dev->name, r->dev->errmsg);
         /* A replica that failed part-way may still have copies and kernels
          * queued (asynchronous devices) that read the staging buffers and
          * write its device buffers: let them end before either is reused. */

@@ -6,6 +6,7 @@
 #include <criterion/criterion.h>
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -461,6 +462,67 @@ Test(train, failed_grow_leaves_replicas_usable)
     dev1->iface = real;
 
     /* The small batch that worked before must work again. */
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m));
+    castor_dataset_free(ds);
+    castor_model_free(m);
+    castor_strategy_free(s);
+}
+
+static int refuse_h2d(cdev *dev, int stream, void *d_dst, const void *h_src, size_t bytes)
+{
+    (void)stream, (void)d_dst, (void)h_src, (void)bytes;
+    return castor__cdev_fail(dev, CASTOR_DEVICE, "%s: injected copy failure", dev->name);
+}
+
+typedef struct log_lines {
+    char text[4][512];
+    int n;
+} log_lines;
+
+static void keep_log(void *user, castor_log_level level, const char *message)
+{
+    log_lines *l = user;
+    if (level == CASTOR_LOG_WARN && l->n < 4)
+        snprintf(l->text[l->n++], sizeof l->text[0], "%s", message);
+}
+
+/* Every replica failing in one step: the first is the error, the others are
+ * logged (they were dropped without a word). */
+Test(train, the_other_failed_replicas_are_logged)
+{
+    log_lines lines = {.n = 0};
+    castor_strategy_options so = CASTOR_STRATEGY_OPTIONS_INIT;
+    so.log_fn = keep_log;
+    so.log_user = &lines;
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu:3", &so), CASTOR_OK);
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_create(&m, F), CASTOR_OK);
+    cr_assert_eq(castor_model_add_layers(m, "8:relu,3"), CASTOR_OK);
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 1), CASTOR_OK);
+    castor_dataset *ds = synthetic(6);
+    lines.n = 0;
+    const cdev_iface *real[3];
+    cdev_iface failing[3];
+    for (int i = 0; i < 3; i++) {
+        real[i] = s->devs[i]->iface;
+        failing[i] = *real[i];
+        failing[i].copy_h2d = refuse_h2d;
+        if (i != 1)  /* replica 1 works */
+            s->devs[i]->iface = &failing[i];
+    }
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.batch_size = 9;
+    fo.max_steps = 1;
+    int rc = castor_model_fit(m, ds, &fo, NULL);
+    for (int i = 0; i < 3; i++)
+        s->devs[i]->iface = real[i];
+    cr_assert_eq(rc, CASTOR_DEVICE, "rc %d: %s", rc, castor_model_errmsg(m));
+    cr_expect(strstr(castor_model_errmsg(m), "replica 0 (cpu:0): cpu:0: injected"), "%s",
+              castor_model_errmsg(m));
+    cr_assert_eq(lines.n, 1, "%d warnings", lines.n);
+    cr_expect(strstr(lines.text[0], "replica 2 (cpu:2) failed too: cpu:2: injected"), "%s",
+              lines.text[0]);
     cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m));
     castor_dataset_free(ds);
     castor_model_free(m);
