@@ -183,6 +183,28 @@ static void uninject(void)
     async_pending = NULL;
 }
 
+/* The calls each replica made since inject(), into counts, then uninject();
+ * returns the number of replicas. */
+static int take_counts(long counts[MAXDEV][OP_N])
+{
+    int nrep = inj_n;
+    for (int i = 0; i < nrep; i++)
+        memcpy(counts[i], inj[i].calls, sizeof counts[i]);
+    uninject();
+    return nrep;
+}
+
+/* Inject, failing the at-th call of op on dev (queued with async). */
+static void inject_fault(castor_strategy *s, cdev *dev, int op, long at, int async)
+{
+    inject(s);
+    fail_dev = dev;
+    fail_op = op;
+    fail_at = at;
+    failed = 0;
+    async_mode = async;
+}
+
 typedef struct scenario {
     castor_strategy_kind kind;
     const char *devices;
@@ -240,10 +262,7 @@ static void sweep(const scenario *sc)
     inject(s);
     long counts[MAXDEV][OP_N];
     cr_assert_eq(fit_steps(m, ds, sc, 1), CASTOR_OK, "%s", castor_model_errmsg(m));
-    int nrep = inj_n;
-    for (int i = 0; i < nrep; i++)
-        memcpy(counts[i], inj[i].calls, sizeof counts[i]);
-    uninject();
+    int nrep = take_counts(counts);
     castor_model_free(m);
     castor_strategy_free(s);
 
@@ -258,12 +277,7 @@ static void sweep(const scenario *sc)
                 castor_model_run_stats(m, &rs0);
                 int64_t step0 = castor_model_step(m), sie0 = castor_model_step_in_epoch(m);
                 int64_t ep0 = castor_model_epoch(m);
-                inject(s);
-                fail_dev = s->devs[rep];
-                fail_op = op;
-                fail_at = at;
-                failed = 0;
-                async_mode = sc->async;
+                inject_fault(s, s->devs[rep], op, at, sc->async);
                 int rc = fit_steps(m, ds, sc, 1);
                 uninject();
                 char what[160];
@@ -443,10 +457,7 @@ static void sweep_calls(const scenario *sc)
         inject(s);
         cr_assert_eq(act(a, m, ds, sc, p, path2), CASTOR_OK, "%s", castor_model_errmsg(m));
         long counts[MAXDEV][OP_N];
-        int nrep = inj_n;
-        for (int i = 0; i < nrep; i++)
-            memcpy(counts[i], inj[i].calls, sizeof counts[i]);
-        uninject();
+        int nrep = take_counts(counts);
         free(p);
         castor_model_free(m);
         castor_strategy_free(s);
@@ -458,12 +469,7 @@ static void sweep_calls(const scenario *sc)
                     float *before = params_of(m);
                     int64_t step0 = castor_model_step(m);
                     m->host_params_current = 0;
-                    inject(s);
-                    fail_dev = s->devs[rep];
-                    fail_op = op;
-                    fail_at = at;
-                    failed = 0;
-                    async_mode = sc->async;
+                    inject_fault(s, s->devs[rep], op, at, sc->async);
                     int rc = act(a, m, ds, sc, before, path);
                     uninject();
                     char what[160];
@@ -549,10 +555,7 @@ static void sweep_compile(const scenario *sc)
     cr_assert_eq(castor_model_add_layers(m, "5:tanh,3"), CASTOR_OK);
     cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, &opt, 7), CASTOR_OK);
     long counts[MAXDEV][OP_N];
-    int nrep = inj_n;
-    for (int i = 0; i < nrep; i++)
-        memcpy(counts[i], inj[i].calls, sizeof counts[i]);
-    uninject();
+    int nrep = take_counts(counts);
     castor_model_free(m);
     castor_strategy_free(s);
     int cases = 0;
@@ -563,12 +566,7 @@ static void sweep_compile(const scenario *sc)
                              CASTOR_OK);
                 cr_assert_eq(castor_model_create(&m, F), CASTOR_OK);
                 cr_assert_eq(castor_model_add_layers(m, "5:tanh,3"), CASTOR_OK);
-                inject(s);
-                fail_dev = s->devs[rep];
-                fail_op = op;
-                fail_at = at;
-                failed = 0;
-                async_mode = sc->async;
+                inject_fault(s, s->devs[rep], op, at, sc->async);
                 int rc = castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, &opt, 7);
                 uninject();
                 char what[160];
@@ -643,12 +641,7 @@ Test(faults, a_failed_read_back_leaves_no_copy_behind)
     float *p = malloc(np * sizeof *p);
 
     /* The second copy back (the optimizer state) fails as it is queued. */
-    inject(s);
-    fail_dev = s->devs[0];
-    fail_op = OP_D2H;
-    fail_at = 2;
-    failed = 0;
-    async_mode = 0;
+    inject_fault(s, s->devs[0], OP_D2H, 2, 0);
     int rc = castor_model_get_params(m, p, np);
     uninject();
     cr_assert(failed);
@@ -688,12 +681,7 @@ Test(faults, one_mirrored_replica_failing_before_its_update_stays_consistent)
     for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) {
         m = make(&sc, &s);
         cr_assert_eq(fit_steps(m, ds, &sc, sc.warm_steps), CASTOR_OK);
-        inject(s);
-        fail_dev = s->devs[0];
-        fail_op = ops[i];
-        fail_at = 1;
-        failed = 0;
-        async_mode = 0;
+        inject_fault(s, s->devs[0], ops[i], 1, 0);
         int rc = fit_steps(m, ds, &sc, 1);
         uninject();
         cr_assert(failed);
