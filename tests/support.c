@@ -1,6 +1,8 @@
 #include "support.h"
 
 #include <criterion/criterion.h>
+#include <ftw.h>
+#include <limits.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -30,20 +32,27 @@ const char *support_fashion_dir(void)
 
 char *support_tmpdir(void)
 {
-    char tmpl[] = "/tmp/castor-test-XXXXXX";
+    const char *tmp = getenv("TMPDIR");
+    char tmpl[PATH_MAX];
+    if (snprintf(tmpl, sizeof tmpl, "%s/castor-test-XXXXXX", tmp && tmp[0] ? tmp : "/tmp") >=
+        (int)sizeof tmpl)
+        return NULL;
     char *dir = mkdtemp(tmpl);
     return dir ? strdup(dir) : NULL;
 }
 
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+/* Best effort: a leftover temporary directory is not a test failure. No
+ * shell, so any character in the path is fine. */
 void support_rmrf(const char *path)
 {
-    if (!path)
-        return;
-    char cmd[4200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
-    if (system(cmd) != 0) {
-        /* best effort: a leftover temp dir is not a test failure */
-    }
+    if (path)
+        (void)nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 int support_write_file(const char *path, const void *bytes, size_t len)
@@ -181,4 +190,14 @@ const char *support_write_gz_in(char *path, const char *name, const void *bytes,
     support_write_in(path, name, gz, gz_len);
     free(gz);
     return path;
+}
+
+double support_activation(castor_activation a, double z)
+{
+    switch (a) {
+    case CASTOR_ACT_RELU: return z > 0 ? z : 0;
+    case CASTOR_ACT_TANH: return tanh(z);
+    case CASTOR_ACT_SIGMOID: return 1.0 / (1.0 + exp(-z));
+    default: return z;
+    }
 }

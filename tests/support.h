@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "castor.h"
+
 /* Directory holding the Fashion-MNIST IDX files (env CASTOR_FASHION_MNIST or
  * the Debian location); NULL if absent. */
 const char *support_fashion_dir(void);
@@ -45,5 +47,7 @@ struct castor_dataset;
 struct castor_dataset *support_synthetic(uint64_t seed, int n, int features, int classes);
 /* Largest |a-b| / max(|b|, floor), and the index where it is. */
 double support_max_rel_err(const float *a, const float *b, size_t n, double floor, size_t *where);
+/* An activation's value at z, in double: the references' forward pass. */
+double support_activation(castor_activation a, double z);
 
 #endif

@@ -3,7 +3,6 @@
  * lowers them, read from fake /proc and /sys trees.
  */
 #include <criterion/criterion.h>
-#include <ftw.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -13,27 +12,20 @@
 #include <unistd.h>
 
 #include "host/cores.h"
+#include "support.h"
 
-static char root[PATH_MAX / 2];
+static char *root;
 
 static void make_root(void)
 {
-    const char *tmp = getenv("TMPDIR");
-    if (!tmp || !tmp[0])
-        tmp = "/tmp";
-    cr_assert_lt(snprintf(root, sizeof root, "%s/castor-cores-XXXXXX", tmp), (int)sizeof root);
-    cr_assert_not_null(mkdtemp(root), "%s", root);
-}
-
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st, (void)flag, (void)ftw;
-    return remove(path);
+    root = support_tmpdir();
+    cr_assert_not_null(root, "no temporary directory");
 }
 
 static void remove_root(void)
 {
-    cr_assert_eq(nftw(root, remove_entry, 8, FTW_DEPTH | FTW_PHYS), 0, "%s", root);
+    support_rmrf(root);
+    free(root);
 }
 
 /* Writes text to root/rel, making the directories above it. */

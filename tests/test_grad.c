@@ -11,6 +11,7 @@
 #include "castor.h"
 #include "src/rng.h"
 #include "src/strategy.h"
+#include "support.h"
 
 #define ROWS 6
 
@@ -47,15 +48,6 @@ static void build(net *n, castor_activation hidden, castor_activation last, cast
             p[n->m->layers[l].b_off + (size_t)j] = 0.2f * castor__rng_uniform(&rng) - 0.1f;
 }
 
-static double act_d(castor_activation a, double z)
-{
-    switch (a) {
-    case CASTOR_ACT_RELU: return z > 0 ? z : 0;
-    case CASTOR_ACT_TANH: return tanh(z);
-    case CASTOR_ACT_SIGMOID: return 1.0 / (1.0 + exp(-z));
-    default: return z;
-    }
-}
 
 /* Mean loss over the rows, all in double. */
 static double ref_loss(const net *n, const double *params)
@@ -72,7 +64,7 @@ static double ref_loss(const net *n, const double *params)
                 double z = params[lay->b_off + (size_t)o];
                 for (int i = 0; i < lay->in; i++)
                     z += in[i] * params[lay->w_off + (size_t)i * (size_t)lay->out + (size_t)o];
-                out[o] = act_d(lay->act, z);
+                out[o] = support_activation(lay->act, z);
             }
             memcpy(in, out, sizeof in);
         }

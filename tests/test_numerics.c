@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "castor.h"
+#include "support.h"
 #include "src/model.h"
 #include "src/rng.h"
 
@@ -39,15 +40,6 @@ static void make_data(data *d, uint64_t seed)
         d->targets[i] = castor__rng_uniform(&rng);
 }
 
-static double act_d(castor_activation a, double z)
-{
-    switch (a) {
-    case CASTOR_ACT_RELU: return z > 0 ? z : 0;
-    case CASTOR_ACT_TANH: return tanh(z);
-    case CASTOR_ACT_SIGMOID: return 1.0 / (1.0 + exp(-z));
-    default: return z;
-    }
-}
 
 /* d act / d z, from z. */
 static double act_dz(castor_activation a, double z)
@@ -79,7 +71,7 @@ static double ref_sample(const castor_model *m, const double *p, const data *d, 
             for (int k = 0; k < lay->in; k++)
                 s += a[l][k] * p[lay->w_off + (size_t)k * (size_t)lay->out + (size_t)o];
             z[l][o] = s;
-            a[l + 1][o] = act_d(lay->act, s);
+            a[l + 1][o] = support_activation(lay->act, s);
         }
     }
     int out = m->layers[L - 1].out;
