@@ -1,5 +1,5 @@
 # castor: make (library + CLI), make check, make demo, make bench,
-# make check-gpu, make check-sanitize, make fuzz.
+# make check-gpu, make check-sanitize, make fuzz, make install, make uninstall.
 #
 # Every tool and path can be overridden: make CC=clang CUDA_HOME=/opt/cuda.
 # CUDA is built whenever nvcc is found; NO_CUDA=1 opts out, USE_CUDA=1 makes
@@ -17,6 +17,21 @@ CUDA_ARCHS ?= -gencode arch=compute_75,code=sm_75 -gencode arch=compute_80,code=
               -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 OPT       ?= -O2
 SANITIZE  ?=
+
+# make install: the GNU directory variables, and DESTDIR for staging (a
+# package build); castor.pc names the final PREFIX, not DESTDIR.
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+INSTALL    ?= install
+# The library's version is the header's; the soname carries the major number
+# only, because the API grows by new functions and never changes a published
+# signature (include/castor.h), so every 0.x library serves a 0.x program.
+VERSION   := $(shell sed -n 's/^\#define CASTOR_VERSION_STRING "\(.*\)"$$/\1/p' include/castor.h)
+SOVERSION := $(firstword $(subst ., ,$(VERSION)))
+SONAME     = libcastor.so.$(SOVERSION)
 
 # Without pkg-config, Debian's and Ubuntu's pthread OpenBLAS headers by path:
 # the <cblas.h> of another BLAS lacks openblas_set_num_threads.
@@ -78,7 +93,8 @@ TEST_OBJ = $(TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/support.o \
 GPU_TEST_OBJ = $(GPU_TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/support.o \
                $(BUILD)/obj/tests/gpu/gpu_support.o
 
-.PHONY: all lib cli check check-gpu check-sanitize demo bench fuzz clean deps deps-check info-build
+.PHONY: all lib cli check check-gpu check-sanitize demo bench fuzz clean deps deps-check info-build \
+        install uninstall
 SHELL := /bin/bash
 
 all: info-build lib cli
@@ -93,9 +109,11 @@ $(BUILD)/libcastor.a: $(LIB_OBJ)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/libcastor.so: $(LIB_OBJ)
+# The Makefile is a prerequisite so that a build from before the soname (or
+# any other change to this link) is linked again.
+$(BUILD)/libcastor.so: $(LIB_OBJ) Makefile
 	@mkdir -p $(@D)
-	$(CC) -shared -o $@ $^ $(SANITIZE) $(LDLIBS)
+	$(CC) -shared -Wl,-soname,$(SONAME) -o $@ $(LIB_OBJ) $(SANITIZE) $(LDLIBS)
 
 $(BUILD)/castor: $(CLI_OBJ) $(BUILD)/libcastor.a
 	$(CC) -o $@ $(CLI_OBJ) $(BUILD)/libcastor.a $(SANITIZE) $(LDLIBS)
@@ -125,6 +143,37 @@ $(BUILD)/obj/%.cu.o: %.cu $(CUDA_FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) $(NVCC_DEPFLAGS) -c $< -o $@
 
+# ---- install ----
+# The program, the header, both libraries (the shared one as
+# libcastor.so.VERSION with the soname and development links beside it) and
+# castor.pc: `pkg-config --cflags --libs castor` builds a program against
+# the shared library; --static adds what the static one needs (LDLIBS).
+# A directory under PREFIX is written as ${prefix}/..., so that pkg-config's
+# --define-prefix can move the installed tree.
+under_prefix = $(patsubst $(PREFIX)/%,$${prefix}/%,$(1))
+install: lib cli
+	$(INSTALL) -d "$(DESTDIR)$(BINDIR)" "$(DESTDIR)$(LIBDIR)" "$(DESTDIR)$(INCLUDEDIR)" \
+	    "$(DESTDIR)$(PKGCONFIGDIR)"
+	$(INSTALL) -m 755 $(BUILD)/castor "$(DESTDIR)$(BINDIR)/castor"
+	$(INSTALL) -m 644 include/castor.h "$(DESTDIR)$(INCLUDEDIR)/castor.h"
+	$(INSTALL) -m 644 $(BUILD)/libcastor.a "$(DESTDIR)$(LIBDIR)/libcastor.a"
+	$(INSTALL) -m 755 $(BUILD)/libcastor.so "$(DESTDIR)$(LIBDIR)/libcastor.so.$(VERSION)"
+	ln -sf libcastor.so.$(VERSION) "$(DESTDIR)$(LIBDIR)/$(SONAME)"
+	ln -sf $(SONAME) "$(DESTDIR)$(LIBDIR)/libcastor.so"
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(call under_prefix,$(LIBDIR))' \
+	    'includedir=$(call under_prefix,$(INCLUDEDIR))' '' \
+	    'Name: castor' \
+	    'Description: neural network training with central storage (C library)' \
+	    'Version: $(VERSION)' 'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -lcastor' \
+	    'Libs.private: $(LDLIBS)' > "$(DESTDIR)$(PKGCONFIGDIR)/castor.pc"
+	chmod 644 "$(DESTDIR)$(PKGCONFIGDIR)/castor.pc"
+
+uninstall:
+	rm -f "$(DESTDIR)$(BINDIR)/castor" "$(DESTDIR)$(INCLUDEDIR)/castor.h" \
+	    "$(DESTDIR)$(LIBDIR)/libcastor.a" "$(DESTDIR)$(LIBDIR)/libcastor.so.$(VERSION)" \
+	    "$(DESTDIR)$(LIBDIR)/$(SONAME)" "$(DESTDIR)$(LIBDIR)/libcastor.so" \
+	    "$(DESTDIR)$(PKGCONFIGDIR)/castor.pc"
+
 # ---- tests ----
 $(BUILD)/castor-tests: $(TEST_OBJ) $(BUILD)/libcastor.a
 	$(CC) -o $@ $(TEST_OBJ) $(BUILD)/libcastor.a $(SANITIZE) -lcriterion $(LDLIBS)
@@ -136,10 +185,11 @@ $(BUILD)/castor-gpu-tests: $(GPU_TEST_OBJ) $(BUILD)/libcastor.a
 # parallelism on small machines.
 CRITERION_FLAGS ?= --jobs=$(shell nproc 2>/dev/null || echo 2)
 
-check: deps-check $(BUILD)/castor-tests $(BUILD)/castor $(BUILD)/readme-example
+check: deps-check $(BUILD)/castor-tests $(BUILD)/castor $(BUILD)/readme-example lib
 	# Criterion runs tests side by side; one OpenBLAS thread each keeps them off each other.
 	OPENBLAS_NUM_THREADS=1 $(BUILD)/castor-tests $(CRITERION_FLAGS)
 	bash tests/symbols.sh $(BUILD)/libcastor.a
+	bash tests/install_test.sh $(BUILD)
 	bash tests/cli_test.sh $(BUILD)/castor
 	bash tests/bench_smoke.sh $(BUILD)/castor
 
