@@ -145,6 +145,55 @@ static castor_dataset *make_dataset(const data *d, castor_loss loss)
 
 /* An epoch of plain SGD, one step at a time, each checked against
  * params - lr * (mean gradient over the step's rows). */
+/* One training step at a time against the reference: the variables before
+ * the step (as floats, and as doubles in p), after it, and g, the reference
+ * gradient at "before" of the rows the step trained on (their mean). */
+typedef struct {
+    castor_model *m;
+    const castor_dataset *ds;
+    const data *d;
+    castor_fit_options fo;
+    size_t np;
+    float *before, *after;
+    double *p, *g;
+} stepper;
+
+static void stepper_init(stepper *st, castor_model *m, const castor_dataset *ds, const data *d,
+                         int batch)
+{
+    *st = (stepper){.m = m, .ds = ds, .d = d, .np = castor_model_num_params(m)};
+    st->fo = (castor_fit_options)CASTOR_FIT_OPTIONS_INIT;
+    st->fo.batch_size = batch;
+    st->fo.shuffle = 0;
+    st->fo.max_steps = 1;
+    st->before = malloc(st->np * sizeof(float));
+    st->after = malloc(st->np * sizeof(float));
+    st->p = malloc(st->np * sizeof(double));
+    st->g = malloc(st->np * sizeof(double));
+    cr_assert(st->before && st->after && st->p && st->g);
+    cr_assert_eq(castor_model_get_params(m, st->before, st->np), CASTOR_OK);
+}
+
+/* Trains one step (the rows first..first+rows-1, unshuffled) and fills
+ * after, p and g; the next call starts from this one's "after". */
+static void stepper_step(stepper *st, int first, int rows)
+{
+    cr_assert_eq(castor_model_fit(st->m, st->ds, &st->fo, NULL), CASTOR_OK, "%s",
+                 castor_model_errmsg(st->m));
+    cr_assert_eq(castor_model_get_params(st->m, st->after, st->np), CASTOR_OK);
+    for (size_t i = 0; i < st->np; i++)
+        st->p[i] = st->before[i], st->g[i] = 0;
+    int hit;
+    for (int i = first; i < first + rows; i++)
+        ref_sample(st->m, st->p, st->d, i, st->g, 1.0 / rows, &hit);
+    memcpy(st->before, st->after, st->np * sizeof(float));
+}
+
+static void stepper_free(stepper *st)
+{
+    free(st->before), free(st->after), free(st->p), free(st->g);
+}
+
 static void sgd_steps(const char *devices, castor_strategy_kind kind, const char *layers,
                       castor_loss loss, int batch)
 {
@@ -153,35 +202,21 @@ static void sgd_steps(const char *devices, castor_strategy_kind kind, const char
     castor_strategy *s = NULL;
     castor_model *m = make_model(devices, kind, layers, loss, &s);
     castor_dataset *ds = make_dataset(&d, loss);
-    size_t np = castor_model_num_params(m);
-    float *before = malloc(np * sizeof(float)), *after = malloc(np * sizeof(float));
-    double *p = malloc(np * sizeof(double)), *g = malloc(np * sizeof(double));
-    cr_assert_eq(castor_model_get_params(m, before, np), CASTOR_OK);
-    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
-    fo.batch_size = batch;
-    fo.shuffle = 0;
-    fo.max_steps = 1;
+    stepper st;
+    stepper_init(&st, m, ds, &d, batch);
     for (int first = 0; first < NS; first += batch) {
         int rows = NS - first < batch ? NS - first : batch;
-        cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s",
-                     castor_model_errmsg(m));
-        cr_assert_eq(castor_model_get_params(m, after, np), CASTOR_OK);
-        for (size_t i = 0; i < np; i++)
-            p[i] = before[i], g[i] = 0;
-        int hit;
-        for (int i = first; i < first + rows; i++)
-            ref_sample(m, p, &d, i, g, 1.0 / rows, &hit);
-        for (size_t i = 0; i < np; i++) {
-            double want = p[i] - 0.5 * g[i];
-            double step = (double)after[i] - p[i], want_step = want - p[i];
+        stepper_step(&st, first, rows);
+        for (size_t i = 0; i < st.np; i++) {
+            double want = st.p[i] - 0.5 * st.g[i];
+            double step = (double)st.after[i] - st.p[i], want_step = want - st.p[i];
             cr_assert(fabs(step - want_step) <= 1e-4 * fmax(fabs(want_step), 1e-2) + 1e-6,
                       "%s %s, batch %d, rows %d..%d: variable %zu moved %.8g, want %.8g",
                       devices, castor_strategy_kind_name(kind), batch, first, first + rows - 1,
                       i, step, want_step);
         }
-        memcpy(before, after, np * sizeof(float));
     }
-    free(before), free(after), free(p), free(g);
+    stepper_free(&st);
     castor_dataset_free(ds);
     castor_model_free(m);
     castor_strategy_free(s);
@@ -275,27 +310,16 @@ static void optimizer_steps(const char *devices, castor_strategy_kind kind, cast
     cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, &opt, 9), CASTOR_OK, "%s",
                  castor_model_errmsg(m));
     castor_dataset *ds = make_dataset(&d, CASTOR_LOSS_SOFTMAX_XENT);
-    size_t np = castor_model_num_params(m);
-    float *before = malloc(np * sizeof(float)), *after = malloc(np * sizeof(float));
-    double *p = malloc(np * sizeof(double)), *g = malloc(np * sizeof(double));
+    stepper st;
+    stepper_init(&st, m, ds, &d, 4);
+    size_t np = st.np;
+    const double *p = st.p, *g = st.g;
     double *s0 = calloc(np, sizeof(double)), *s1 = calloc(np, sizeof(double));
-    cr_assert_eq(castor_model_get_params(m, before, np), CASTOR_OK);
-    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
-    fo.batch_size = 4;
-    fo.shuffle = 0;
-    fo.max_steps = 1;
-    fo.epochs = 1;
+    cr_assert(s0 && s1);
     double lr = opt.learning_rate;
     for (int t = 1; t <= 9; t++) {
         int first = ((t - 1) % 3) * 4, rows = first == 8 ? 3 : 4;
-        cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s",
-                     castor_model_errmsg(m));
-        cr_assert_eq(castor_model_get_params(m, after, np), CASTOR_OK);
-        for (size_t i = 0; i < np; i++)
-            p[i] = before[i], g[i] = 0;
-        int hit;
-        for (int i = first; i < first + rows; i++)
-            ref_sample(m, p, &d, i, g, 1.0 / rows, &hit);
+        stepper_step(&st, first, rows);
         for (size_t i = 0; i < np; i++) {
             double want = p[i];
             if (opt.kind == CASTOR_OPT_SGD) {
@@ -310,15 +334,15 @@ static void optimizer_steps(const char *devices, castor_strategy_kind kind, cast
                 double mh = s0[i] / (1 - pow(b1, t)), vh = s1[i] / (1 - pow(b2, t));
                 want -= lr * mh / (sqrt(vh) + opt.epsilon / sqrt(1 - pow(b2, t)));
             }
-            double step = (double)after[i] - p[i], want_step = want - p[i];
+            double step = (double)st.after[i] - p[i], want_step = want - p[i];
             cr_assert(fabs(step - want_step) <= 1e-3 * fmax(fabs(want_step), 0.1 * lr),
                       "%s %s %s step %d: variable %zu moved %.8g, want %.8g", devices,
                       castor_strategy_kind_name(kind), castor_optimizer_kind_name(opt.kind), t,
                       i, step, want_step);
         }
-        memcpy(before, after, np * sizeof(float));
     }
-    free(before), free(after), free(p), free(g), free(s0), free(s1);
+    stepper_free(&st);
+    free(s0), free(s1);
     castor_dataset_free(ds);
     castor_model_free(m);
     castor_strategy_free(s);
