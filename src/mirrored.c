@@ -121,6 +121,21 @@ static void update_task(void *ctx, int index, int count)
     r->status = rc;
 }
 
+/* Waits for what was queued on replica 0's device (rc: how queuing it went).
+ * On a failure the model gets the error, and the work queued before the
+ * failure is still run to its end before this returns, so none of it runs
+ * later, behind the caller's back. */
+static int finish_on_replica0(castor_model *m, cdev *dev, int rc)
+{
+    if (!rc)
+        rc = dev->iface->synchronize(dev);
+    if (!rc)
+        return CASTOR_OK;
+    rc = castor__model_fail(m, rc, "replica 0 (%s): %s", dev->name, dev->errmsg);
+    (void)dev->iface->synchronize(dev);
+    return rc;
+}
+
 /* REDUCE_SHARED: replica 0's gradient += each other's, in replica order. */
 static int sum_on_device(castor_model *m)
 {
@@ -129,16 +144,9 @@ static int sum_on_device(castor_model *m)
     int rc = CASTOR_OK;
     for (int i = 1; i < m->rt->n && !rc; i++)
         rc = dev->iface->add(dev, r0->d_grads, m->rt->reps[i].d_grads, m->n_params);
-    if (!rc)
-        rc = dev->iface->synchronize(dev);
-    if (rc) {
-        rc = castor__model_fail(m, rc, "replica 0 (%s): %s", dev->name, dev->errmsg);
-        /* The sums queued before the failure read the other replicas'
-         * gradients: run them now, not while those are written next step. */
-        (void)dev->iface->synchronize(dev);
-        return rc;
-    }
-    return CASTOR_OK;
+    /* The sums queued before a failure read the other replicas' gradients:
+     * they must run now, not while those are written next step. */
+    return finish_on_replica0(m, dev, rc);
 }
 
 static int mirrored_train_step(castor_model *m, const castor__batch *b,
@@ -255,15 +263,10 @@ static int mirrored_pull(castor_model *m)
     if (!rc && r->d_state)
         rc = cdev_copy_d2h(dev, CDEV_STREAM_COMPUTE, m->opt_state.ptr, r->d_state,
                            r->state_bytes);
-    if (!rc)
-        rc = dev->iface->synchronize(dev);
-    if (rc) {
-        rc = castor__model_fail(m, rc, "replica 0 (%s): %s", dev->name, dev->errmsg);
-        /* A copy queued before the failure must not land in the host's
-         * buffers later, over what a load or set_params puts there. */
-        (void)dev->iface->synchronize(dev);
+    /* A copy queued before a failure must not land in the host's buffers
+     * later, over what a load or set_params puts there. */
+    if ((rc = finish_on_replica0(m, dev, rc)))
         return rc;
-    }
     m->host_params_current = 1;
     return CASTOR_OK;
 }
