@@ -111,11 +111,15 @@ int castor_strategy_create(castor_strategy **out, castor_strategy_kind kind, con
     int rc = open_devices(s, devices);
     if (rc)
         return rc;
+    /* A pool fails for its memory (CASTOR_NOMEM) or for a thread the
+     * system would not start: the message says which. */
     if ((rc = castor__pool_create(s->n_replicas, &s->replica_pool)))
-        return strategy_fail(s, rc, "cannot start %d replica threads", s->n_replicas);
+        return strategy_fail(s, rc, "cannot start %d replica threads%s", s->n_replicas,
+                             rc == CASTOR_NOMEM ? ": out of host memory" : "");
     int threads = s->opts.host_threads ? s->opts.host_threads : castor__cpu_count();
     if ((rc = castor__pool_create(threads, &s->host_pool)))
-        return strategy_fail(s, rc, "cannot start %d host threads", threads);
+        return strategy_fail(s, rc, "cannot start %d host threads%s", threads,
+                             rc == CASTOR_NOMEM ? ": out of host memory" : "");
     castor__log(s, CASTOR_LOG_INFO, "%s strategy on %d replica(s): %s",
                 castor_strategy_kind_name(kind), s->n_replicas, s->devices_spec);
     warn_blas_oversubscription(s);
