@@ -175,6 +175,11 @@ static int check_against_model(castor_model *m, const castor__st_file *f, const 
     int rc = castor_model_create(&scratch, info->input_features);
     if (!rc)
         rc = castor_model_add_layers(scratch, info->layers);
+    if (rc == CASTOR_NOMEM) {  /* no fault of the file's layers: it blames none */
+        castor_model_free(scratch);
+        castor__errf(err, errlen, "%s: out of memory", path);
+        return rc;
+    }
     if (rc) {
         /* The model's message quotes the spec: the file's text, escaped too. */
         char shown[CASTOR__ST_SHOWN], why[256];
@@ -182,7 +187,7 @@ static int check_against_model(castor_model *m, const castor__st_file *f, const 
                      castor__st_printable(info->layers, shown, sizeof shown),
                      castor__st_printable(castor_model_errmsg(scratch), why, sizeof why));
         castor_model_free(scratch);
-        return rc == CASTOR_NOMEM ? rc : CASTOR_FORMAT;
+        return CASTOR_FORMAT;
     }
     size_t speclen = (size_t)(m->n_layers > scratch->n_layers ? m->n_layers : scratch->n_layers) *
                          40 + 16;
@@ -405,9 +410,13 @@ int castor_model_open(castor_model **out, const char *path, castor_strategy *str
     }
     if (!rc)
         rc = castor_model_add_layers(m, info.layers);
-    if (rc && rc != CASTOR_NOMEM)
-        rc = CASTOR_FORMAT;  /* the file is wrong, not the caller's arguments */
+    if (rc == CASTOR_NOMEM) {  /* no fault of the file's architecture: it blames none */
+        castor__model_fail(m, rc, "%s: out of memory", path);
+        castor__st_free(&f);
+        return rc;
+    }
     if (rc) {
+        rc = CASTOR_FORMAT;  /* the file is wrong, not the caller's arguments */
         castor__st_printable(m->errmsg, err, sizeof err);  /* it quotes the file's spec */
         castor__model_fail(m, rc, "%s: bad architecture in __metadata__: %s", path, err);
         castor__st_free(&f);
