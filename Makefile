@@ -92,6 +92,15 @@ TEST_OBJ = $(TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/support.o \
            $(BUILD)/obj/tests/fault_support.o
 GPU_TEST_OBJ = $(GPU_TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/support.o \
                $(BUILD)/obj/tests/gpu/gpu_support.o
+# The allocation-failure sweeps (tests/alloc/) are a binary of their own:
+# linked with --wrap for each allocation function castor calls, so that the
+# calls of castor's objects (and the tests') reach tests/alloc/alloc_fail.c,
+# which can make any one of them fail; those of OpenBLAS, zlib, cJSON, libc
+# and Criterion (shared libraries) do not. tests/alloc/allocators.sh fails
+# when castor calls an allocation function missing from this list.
+ALLOC_WRAP = malloc calloc realloc free posix_memalign aligned_alloc strdup
+ALLOC_TEST_SRC = $(wildcard tests/alloc/*.c)
+ALLOC_TEST_OBJ = $(ALLOC_TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/support.o
 
 .PHONY: all lib cli check check-gpu check-sanitize demo bench fuzz clean deps deps-check info-build \
         install uninstall
@@ -178,6 +187,10 @@ uninstall:
 $(BUILD)/castor-tests: $(TEST_OBJ) $(BUILD)/libcastor.a
 	$(CC) -o $@ $(TEST_OBJ) $(BUILD)/libcastor.a $(SANITIZE) -lcriterion $(LDLIBS)
 
+$(BUILD)/castor-alloc-tests: $(ALLOC_TEST_OBJ) $(BUILD)/libcastor.a
+	$(CC) -o $@ $(ALLOC_TEST_OBJ) $(BUILD)/libcastor.a $(SANITIZE) \
+	    $(ALLOC_WRAP:%=-Wl,--wrap=%) -lcriterion $(LDLIBS)
+
 $(BUILD)/castor-gpu-tests: $(GPU_TEST_OBJ) $(BUILD)/libcastor.a
 	$(CC) -o $@ $(GPU_TEST_OBJ) $(BUILD)/libcastor.a $(SANITIZE) -lcriterion $(LDLIBS)
 
@@ -185,9 +198,12 @@ $(BUILD)/castor-gpu-tests: $(GPU_TEST_OBJ) $(BUILD)/libcastor.a
 # parallelism on small machines.
 CRITERION_FLAGS ?= --jobs=$(shell nproc 2>/dev/null || echo 2)
 
-check: deps-check $(BUILD)/castor-tests $(BUILD)/castor $(BUILD)/readme-example lib
+check: deps-check $(BUILD)/castor-tests $(BUILD)/castor-alloc-tests $(BUILD)/castor \
+       $(BUILD)/readme-example lib
 	# Criterion runs tests side by side; one OpenBLAS thread each keeps them off each other.
 	OPENBLAS_NUM_THREADS=1 $(BUILD)/castor-tests $(CRITERION_FLAGS)
+	OPENBLAS_NUM_THREADS=1 $(BUILD)/castor-alloc-tests $(CRITERION_FLAGS)
+	bash tests/alloc/allocators.sh $(BUILD)/libcastor.a $(ALLOC_WRAP)
 	bash tests/symbols.sh $(BUILD)/libcastor.a
 	bash tests/install_test.sh $(BUILD)
 	bash tests/cli_test.sh $(BUILD)/castor
@@ -214,10 +230,13 @@ bench: deps-check $(BUILD)/castor
 ASAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 check-sanitize: deps-check
 	$(MAKE) --no-print-directory BUILD=$(BUILD)/asan NO_CUDA=1 OPT=-O1 SANITIZE="$(ASAN_FLAGS)" \
-	    $(BUILD)/asan/castor-tests
+	    $(BUILD)/asan/castor-tests $(BUILD)/asan/castor-alloc-tests
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	    LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp \
 	    $(BUILD)/asan/castor-tests $(CRITERION_FLAGS)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	    LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp OPENBLAS_NUM_THREADS=1 \
+	    $(BUILD)/asan/castor-alloc-tests $(CRITERION_FLAGS)
 	$(MAKE) --no-print-directory BUILD=$(BUILD)/tsan NO_CUDA=1 OPT=-O1 SANITIZE=-fsanitize=thread \
 	    $(BUILD)/tsan/tsan-threads
 	OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 $(BUILD)/tsan/tsan-threads

@@ -1,0 +1,87 @@
+/*
+ * castor_strategy_create with each of its allocations failing in turn: a
+ * failed create hands out a handle (or none, when not even that could be
+ * had) that says memory ran out, has no replicas, refuses a model and frees
+ * cleanly; a create right after it works, and trains as if nothing had
+ * failed.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "alloc_model.h"
+#include "alloc_sweep.h"
+
+typedef struct state {
+    const am_place *place;
+    castor_strategy *s;
+    castor_model *m;
+    castor_dataset *train;
+    float *want;  /* the variables after one step, from the first round */
+} state;
+
+static void setup(void *arg)
+{
+    state *st = arg;
+    st->train = am_train();
+}
+
+static int call(void *arg)
+{
+    state *st = arg;
+    castor_strategy_options o = am_strategy_options();
+    return castor_strategy_create(&st->s, st->place->kind, st->place->devices, &o);
+}
+
+static const char *errmsg(void *arg)
+{
+    return castor_strategy_errmsg(((state *)arg)->s);
+}
+
+static void check(void *arg, int rc)
+{
+    state *st = arg;
+    if (rc) {
+        cr_assert_eq(castor_strategy_replicas(st->s), 0, "%s: a failed create has replicas",
+                     alloc_where());
+        if (st->s) {
+            castor_model *m = am_layers();
+            cr_assert_eq(castor_model_compile(m, st->s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 1),
+                         CASTOR_MISUSE, "%s: compile on a strategy whose create failed",
+                         alloc_where());
+            castor_model_free(m);
+        }
+        castor_strategy_free(st->s);
+        st->s = am_strategy(st->place);
+    }
+    st->m = am_model(st->s);
+    cr_assert_eq(am_fit(st->m, st->train, NULL, 1), CASTOR_OK, "%s: fit: %s", alloc_where(),
+                 castor_model_errmsg(st->m));
+    if (alloc_first_round())
+        st->want = am_params(st->m);
+    else
+        am_assert_params(st->m, st->want, "one step after the create");
+}
+
+static void teardown(void *arg)
+{
+    state *st = arg;
+    castor_model_free(st->m);
+    castor_strategy_free(st->s);
+    castor_dataset_free(st->train);
+    st->m = NULL;
+    st->s = NULL;
+    st->train = NULL;
+}
+
+Test(alloc, strategy_create, .timeout = 300)
+{
+    for (int p = 0; p < AM_PLACES; p++) {
+        state st = {.place = &am_places[p]};
+        char what[128];
+        snprintf(what, sizeof what, "strategy_create on %s", am_place_name(st.place));
+        alloc_case c = {what, &st, setup, call, errmsg, check, teardown};
+        alloc_sweep(&c);
+        free(st.want);
+    }
+}
