@@ -13,9 +13,11 @@
 
 /* The --device-memory flag's row (a cli_flag), the same for every command. */
 #define CLI_ROW_DEVICE_MEMORY                                                            \
-    {"device-memory", "BYTES", "0: 1G per emulated CPU device, all of a GPU's memory",   \
-     "the device memory each replica may use, with an optional K, M,\n"                  \
-     "G or T suffix (powers of 1024): 512M, 2G"}
+    {"device-memory", "BYTES", "0: 1G per emulated CPU device, a GPU's free memory",     \
+     "the device memory of each emulated CPU device, shared by the K\n"                  \
+     "replicas of cpu:NxK, and of each GPU replica (at 0 the K replicas\n"               \
+     "of cuda:IxK share the GPU's free memory), with an optional\n"                      \
+     "K, M, G or T suffix (powers of 1024): 512M, 2G"}
 
 /* The directory for --data: "fashion-mnist" is $CASTOR_FASHION_MNIST, or
  * else CLI_DEFAULT_FASHION_MNIST; anything else is a directory. */
