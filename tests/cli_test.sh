@@ -652,6 +652,37 @@ else
     bad "castor --help lacks eval or predict" "$(cat "$T/out")"
 fi
 
+# Every key of a command's --json object (predict: of each array element) is
+# named where its --help describes the object, and every key named there is
+# in the object. keys_in_help NAME JSON-FILE HELP-PART-FILE
+keys_in_help() {
+    if python3 - "$2" "$3" >"$T/py" 2>&1 <<'EOF'; then
+import json, re, sys
+d = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+keys = set(d[0] if isinstance(d, list) else d)
+part = open(sys.argv[2]).read()
+assert part.strip(), "no description of the JSON object in the help"
+missing = sorted(k for k in keys if not re.search(r"\b%s\b" % k, part))
+assert not missing, "in the JSON, not in the help: %s" % missing
+extra = sorted(set(re.findall(r"\b[a-z]+(?:_[a-z]+)+\b", part)) - keys)
+assert not extra, "in the help, not in the JSON: %s" % extra
+EOF
+        ok "$1"
+    else
+        bad "$1" "$(cat "$T/py")"
+    fi
+}
+run help train
+sed -n '/^With --json/,/^$/p' "$T/out" >"$T/help-json"
+keys_in_help "train --json: its help names every key" "$T/train.json" "$T/help-json"
+for cmd in eval predict; do
+    run "$cmd" --model "$SAVED" --data "$DATA" --json
+    cp "$T/out" "$T/$cmd.json"
+    run help "$cmd"
+    sed -n '/^  --json/,/(default:/p' "$T/out" >"$T/help-json"
+    keys_in_help "$cmd --json: its help names every key" "$T/$cmd.json" "$T/help-json"
+done
+
 # ---- eval and predict: bad arguments ------------------------------------------------------------
 head -c 1000 "$SAVED" >"$T/truncated.safetensors"
 expect_error 2 "eval without --model" eval --data "$DATA"

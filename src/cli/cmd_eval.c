@@ -60,8 +60,9 @@ static const cli_flag eval_flags[F_COUNT] = {
     [F_DEVICES] = ROW_DEVICES,
     [F_BATCH] = ROW_BATCH,
     [F_JSON] = {"json", NULL, NULL,
-                "print one JSON object: test_loss, test_accuracy, samples, model,\n"
-                "data, layers, step, epoch, strategy, devices, replicas, batch"},
+                "print one JSON object: version, test_loss, test_accuracy, samples,\n"
+                "model, data, layers, loss, step, epoch, strategy, devices, replicas,\n"
+                "batch"},
     [F_QUIET] = ROW_QUIET,
     [F_DEVICE_MEMORY] = CLI_ROW_DEVICE_MEMORY,
     [F_LIMIT] = {NULL, NULL, NULL, NULL}, /* ends the table: eval has no --limit */
