@@ -243,6 +243,12 @@ expect_error 2 "--nesterov with adamw" train --optimizer adamw --nesterov
 expect_error 2 "--weight-decay with sgd" train --optimizer sgd --weight-decay 0.01
 expect_error 2 "--seed -1" train --seed -1
 expect_error 2 "--seed 18446744073709551616" train --seed 18446744073709551616
+# A leading '+' is a number's, as --epochs +5 is one: the parse passes and the
+# missing data fails the run (it said "'+1': not a non-negative integer").
+for flag in --seed --epochs; do
+    expect_error 1 "$flag +1 is a number" train --data "$T/no-such-dir" "$flag" +1
+    grep -q 'cannot load the training data' "$T/err" || bad "$flag +1: refused" "$(cat "$T/err")"
+done
 expect_error 2 "--validation-split -1" train --validation-split -1
 expect_error 2 "--device-memory 12Q" train --device-memory 12Q
 expect_error 2 "--device-memory 99999999T" train --device-memory 99999999T

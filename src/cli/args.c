@@ -158,8 +158,9 @@ int cli_parse_int(const char *flag, const char *s, int min, int max, int *out)
 
 int cli_parse_u64(const char *flag, const char *s, uint64_t *out)
 {
-    /* strtoull accepts "-1" and wraps it around: insist on a digit first. */
-    if (!s || !isdigit((unsigned char)*s)) {
+    /* strtoull accepts "-1" and wraps it around: insist on a digit first,
+     * after an optional '+' (as cli_parse_int takes "+5"). */
+    if (!s || !isdigit((unsigned char)s[*s == '+'])) {
         cli_errorf("--%s '%s': not a non-negative integer", flag, s ? s : "");
         return -1;
     }
