@@ -16,9 +16,11 @@
  *   - each handle keeps the text of its last error (a call that succeeds
  *     leaves it as it was: read it right after a failure); castor_errstr()
  *     gives a static text for any status code;
- *   - a NULL handle or out-pointer, or a call in the wrong order, is
- *     CASTOR_MISUSE (but see the *_parse functions); a bad value is
- *     CASTOR_INVALID;
+ *   - a NULL handle, a NULL for another pointer that the function does not
+ *     say may be NULL (an out-parameter, data, a file name, a device list, a
+ *     layer spec), an empty file or directory name, or a call in the wrong
+ *     order, is CASTOR_MISUSE (but see the *_parse functions); a bad value,
+ *     an empty device list or layer spec among them, is CASTOR_INVALID;
  *   - names (strategies, activations, optimizers, losses in the CLI) are
  *     matched without regard to case (ASCII); the *_parse functions return
  *     CASTOR_INVALID for an unknown or NULL name and for a NULL out, and

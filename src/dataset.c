@@ -277,9 +277,13 @@ CASTOR_API int castor_dataset_from_memory(castor_dataset **out, const float *x, 
     char *err = ds->errmsg;
     size_t errlen = sizeof ds->errmsg;
     size_t x_count, target_count = 0, bytes;
-    if (!x || n == 0 || features <= 0) {
-        castor__errf(err, errlen,
-                     "from_memory: need samples: x non-NULL, n > 0 (is %zu), features > 0 (is %d)",
+    /* A NULL pointer argument is a misuse (castor.h), as predict's x is. */
+    if (!x) {
+        castor__errf(err, errlen, "from_memory: x is NULL");
+        return CASTOR_MISUSE;
+    }
+    if (n == 0 || features <= 0) {
+        castor__errf(err, errlen, "from_memory: need samples: n > 0 (is %zu), features > 0 (is %d)",
                      n, features);
         return CASTOR_INVALID;
     }

@@ -160,7 +160,9 @@ int castor_model_add_layers(castor_model *m, const char *spec)
 
 static int add_layers_from_spec(castor_model *m, const char *spec)
 {
-    if (!spec || !*spec)
+    if (!spec)
+        return castor__model_fail(m, CASTOR_MISUSE, "add_layers: spec is NULL");
+    if (!*spec)
         return castor__model_fail(m, CASTOR_INVALID, "empty layer list (e.g. 128:relu,10)");
     const char *p = spec;
     while (*p) {

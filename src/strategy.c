@@ -103,10 +103,12 @@ int castor_strategy_create(castor_strategy **out, castor_strategy_kind kind, con
         return strategy_fail(s, CASTOR_INVALID, "unknown strategy kind %d", (int)kind);
     s->kind = kind;
     s->ops = kind == CASTOR_STRATEGY_CENTRAL ? &castor__central_ops : &castor__mirrored_ops;
+    if (!devices)
+        return strategy_fail(s, CASTOR_MISUSE, "devices is NULL (e.g. \"cpu:2\" or \"cuda:0\")");
     if (s->opts.host_threads < 0 || s->opts.host_threads > 1024)
         return strategy_fail(s, CASTOR_INVALID, "host_threads must be 0..1024, not %d",
                              s->opts.host_threads);
-    if (!(s->devices_spec = strdup(devices ? devices : "")))
+    if (!(s->devices_spec = strdup(devices)))
         return strategy_fail(s, CASTOR_NOMEM, "out of memory");
     int rc = open_devices(s, devices);
     if (rc)

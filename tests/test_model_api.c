@@ -254,6 +254,30 @@ Test(model_api, null_and_empty_arguments_say_what_is_wrong)
               castor_dataset_errmsg(d));
     castor_dataset_free(d);
 
+    /* A NULL pointer argument is CASTOR_MISUSE, as castor.h says; these three
+     * were CASTOR_INVALID. An empty spec or list is a bad value. */
+    cr_assert_eq(castor_dataset_from_memory(&d, NULL, 1, F, (int32_t[1]){0}, NULL, 0),
+                 CASTOR_MISUSE);
+    cr_assert(strstr(castor_dataset_errmsg(d), "x is NULL"), "%s", castor_dataset_errmsg(d));
+    castor_dataset_free(d);
+    castor_model *fresh = NULL;
+    cr_assert_eq(castor_model_create(&fresh, F), CASTOR_OK);
+    cr_assert_eq(castor_model_add_layers(fresh, NULL), CASTOR_MISUSE);
+    cr_assert(strstr(castor_model_errmsg(fresh), "spec is NULL"), "%s",
+              castor_model_errmsg(fresh));
+    cr_assert_eq(castor_model_add_layers(fresh, ""), CASTOR_INVALID);
+    castor_model_free(fresh);
+    castor_strategy *none = NULL;
+    cr_assert_eq(castor_strategy_create(&none, CASTOR_STRATEGY_CENTRAL, NULL, NULL),
+                 CASTOR_MISUSE);
+    cr_assert(strstr(castor_strategy_errmsg(none), "devices is NULL"), "%s",
+              castor_strategy_errmsg(none));
+    castor_strategy_free(none);
+    none = NULL;
+    cr_assert_eq(castor_strategy_create(&none, CASTOR_STRATEGY_CENTRAL, "", NULL),
+                 CASTOR_INVALID);
+    castor_strategy_free(none);
+
     castor_model_free(m);
     castor_strategy_free(s);
     castor_dataset_free(ds);
