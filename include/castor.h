@@ -107,9 +107,9 @@ typedef struct castor_strategy_options {
      * default (1 GiB). CUDA devices are limited by their own memory, or by
      * this value if it is non-zero and smaller. */
     size_t device_memory_budget;
-    /* Host threads for the reduction and the optimizer; 0 = one per core the
-     * process may use (fewer than are online under taskset, a cpuset or a
-     * cgroup CPU quota such as docker --cpus). */
+    /* Host threads for the reduction and the optimizer, at most 1024; 0 = one
+     * per core the process may use (fewer than are online under taskset, a
+     * cpuset or a cgroup CPU quota such as docker --cpus). */
     int host_threads;
     /* Allow TF32 tensor-core math on CUDA devices (off: plain fp32). */
     int tf32;
@@ -220,7 +220,8 @@ CASTOR_API int castor_model_create(castor_model **out, int input_features);
 CASTOR_API void castor_model_free(castor_model *model);
 CASTOR_API const char *castor_model_errmsg(const castor_model *model);
 CASTOR_API int castor_model_add_dense(castor_model *model, int units, castor_activation act);
-/* Parse "128:relu,10" (units[:activation], comma separated) into layers. */
+/* Parse "128:relu,10" (units[:activation], comma separated) into layers:
+ * all of them, or on failure none. */
 CASTOR_API int castor_model_add_layers(castor_model *model, const char *spec);
 
 /*
@@ -270,7 +271,8 @@ CASTOR_API int castor_dataset_load_idx(castor_dataset **out, const char *images_
 CASTOR_API int castor_dataset_load_mnist_dir(castor_dataset **out, const char *dir,
                                              const char *which);
 /* A dataset from memory (copied). labels (int32 class ids) or targets
- * (n x target_dim floats) is given, the other NULL. */
+ * (n x target_dim floats) is given, the other NULL (both or neither:
+ * CASTOR_INVALID). */
 CASTOR_API int castor_dataset_from_memory(castor_dataset **out, const float *x, size_t n,
                                           int features, const int32_t *labels,
                                           const float *targets, int target_dim);
@@ -282,7 +284,9 @@ CASTOR_API int castor_dataset_features(const castor_dataset *ds);
  * split. */
 CASTOR_API const float *castor_dataset_x(const castor_dataset *ds);
 CASTOR_API const int32_t *castor_dataset_labels(const castor_dataset *ds); /* NULL if none */
-/* Split off the last `count` samples into a new dataset (for validation). */
+/* Split off the last `count` samples (0 < count < size, else CASTOR_INVALID)
+ * into a new dataset (for validation). On failure *tail is NULL, ds is as it
+ * was and its errmsg says why. */
 CASTOR_API int castor_dataset_split_tail(castor_dataset *ds, size_t count, castor_dataset **tail);
 
 /* ---- training -------------------------------------------------------------- */
