@@ -194,8 +194,8 @@ $(BUILD)/castor-alloc-tests: $(ALLOC_TEST_OBJ) $(BUILD)/libcastor.a
 $(BUILD)/castor-gpu-tests: $(GPU_TEST_OBJ) $(BUILD)/libcastor.a
 	$(CC) -o $@ $(GPU_TEST_OBJ) $(BUILD)/libcastor.a $(SANITIZE) -lcriterion $(LDLIBS)
 
-# Criterion runs each test in its own process; CASTOR_TEST_JOBS limits
-# parallelism on small machines.
+# Criterion runs each test in its own process, as many at once as there are
+# cores; make check CRITERION_FLAGS=--jobs=1 runs them one at a time.
 CRITERION_FLAGS ?= --jobs=$(shell nproc 2>/dev/null || echo 2)
 
 check: deps-check $(BUILD)/castor-tests $(BUILD)/castor-alloc-tests $(BUILD)/castor \
