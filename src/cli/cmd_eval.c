@@ -50,7 +50,8 @@ enum {
      "the strategy to run the model on (any works for any file)"}
 #define ROW_DEVICES                                                                      \
     {"devices", "LIST", "cpu", "the replicas: cpu, cpu:N, cpu:NxK, cuda, cuda:0,cuda:1, cuda:0x4"}
-#define ROW_BATCH {"batch", "N", "256", "samples per step, at least the number of replicas"}
+#define ROW_BATCH                                                                        \
+    {"batch", "N", "256", "samples per step, at least the number of replicas, at most 16777216"}
 #define ROW_QUIET {"quiet", NULL, NULL, "no library warnings on stderr"}
 
 static const cli_flag eval_flags[F_COUNT] = {
@@ -80,7 +81,8 @@ static const cli_flag predict_flags[F_COUNT + 1] = {
                 "logit or value) and label"},
     [F_QUIET] = ROW_QUIET,
     [F_DEVICE_MEMORY] = CLI_ROW_DEVICE_MEMORY,
-    [F_LIMIT] = {"limit", "N", "10", "the first N test samples (all of them if fewer)"},
+    [F_LIMIT] = {"limit", "N", "10",
+                 "the first N test samples, 1 to 2147483647 (all of them if fewer)"},
     [F_COUNT] = {NULL, NULL, NULL, NULL},
 };
 

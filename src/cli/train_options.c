@@ -76,7 +76,8 @@ static const cli_flag train_flags[F_COUNT + 1] = {
                  "number of replicas, at most 16777216"},
     [F_VALIDATION_SPLIT] = {"validation-split", "N", "0",
                             "hold the last N training samples out of training and report\n"
-                            "val_loss and val_acc on them after every epoch"},
+                            "val_loss and val_acc on them after every epoch (N below the\n"
+                            "number of training samples)"},
     [F_SEED] = {"seed", "N", "1",
                 "seed of the initial weights and the shuffling, 0 to 2^64-1"},
     [F_STRATEGY] = {"strategy", "central|mirrored", "central",
@@ -103,8 +104,8 @@ static const cli_flag train_flags[F_COUNT + 1] = {
                           "DIR may hold no checkpoints but this run's own past (resumed\n"
                           "with --resume)"},
     [F_CHECKPOINT_EVERY] = {"checkpoint-every", "N|epoch", "epoch",
-                            "a checkpoint every N optimizer steps, or at the end of every\n"
-                            "epoch (needs --checkpoint-dir)"},
+                            "a checkpoint every N optimizer steps (1 to 2147483647), or at\n"
+                            "the end of every epoch (needs --checkpoint-dir)"},
     [F_KEEP] = {"keep", "K", "3",
                 "keep the newest K checkpoints in --checkpoint-dir, 1 to 1000000: older\n"
                 "ckpt-*.safetensors are deleted once a newer one is written; other\n"
