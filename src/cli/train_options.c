@@ -115,7 +115,11 @@ static const cli_flag train_flags[F_COUNT + 1] = {
                   "DIR (see 'Resuming' below)"},
     [F_JSON] = {"json", NULL, NULL,
                 "print the results as one JSON object, the last line of stdout"},
-    [F_QUIET] = {"quiet", NULL, NULL, "no progress display and no library warnings"},
+    [F_QUIET] = {"quiet", NULL, NULL,
+                 "no progress display, no library warnings, no notes, and no warning\n"
+                 "that a resumed run goes on with another strategy, replica count or\n"
+                 "OpenBLAS thread count; a diverged loss, a resume on another number\n"
+                 "of training samples and a checkpoint that cannot be pruned still warn"},
     [F_VERBOSE] = {"verbose", NULL, NULL,
                    "describe the run on stderr, with the library's info messages"},
     [F_COUNT] = {NULL, NULL, NULL, NULL},
