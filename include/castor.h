@@ -161,7 +161,8 @@ typedef struct castor_device_info {
     char pci_bus_id[32];
 } castor_device_info;
 
-/* Features compiled into this build: a static text such as "cuda nccl openblas". */
+/* Features compiled into this build, a static text: "openblas zlib cjson cuda
+ * cublas nccl", or "openblas zlib cjson (no cuda)" without the CUDA backend. */
 CASTOR_API const char *castor_build_features(void);
 /* Number of CUDA GPUs present (0 with no driver, no GPU or no CUDA build).
  * If why is not NULL it receives a static text saying why there are none. */
