@@ -104,8 +104,9 @@ void castor_cli_eval_usage(FILE *out)
             "  castor train --data fashion-mnist --epochs 10 --save model.safetensors\n"
             "  castor eval --model model.safetensors --data fashion-mnist --devices cpu:2\n"
             "\n"
-            "Exit status 1: the model or the data could not be read; 2: a flag is wrong\n"
-            "or the data does not fit the model.\n");
+            "Exit status 1: the model or the data could not be read, or the devices\n"
+            "failed (no GPU, too little device memory); 2: a flag is wrong or the data\n"
+            "does not fit the model.\n");
 }
 
 void castor_cli_predict_usage(FILE *out)
@@ -122,8 +123,9 @@ void castor_cli_predict_usage(FILE *out)
             "  -h, --help\n"
             "      show this help\n"
             "\n"
-            "Exit status 1: the model or the data could not be read; 2: a flag is wrong\n"
-            "or the data does not fit the model.\n");
+            "Exit status 1: the model or the data could not be read, or the devices\n"
+            "failed (no GPU, too little device memory); 2: a flag is wrong or the data\n"
+            "does not fit the model.\n");
 }
 
 typedef struct model_cmd {
