@@ -34,7 +34,8 @@ static const cli_flag bench_flags[F_COUNT + 1] = {
     [F_DEVICES] = {"devices", "LIST", "cpu:2",
                    "the replicas, as for castor train: cpu:N (N emulated CPU devices),\n"
                    "cpu:1x2 (two replicas sharing one), cuda:0 (one GPU), cuda:0x2\n"
-                   "(two replicas sharing GPU 0), cuda:0,cuda:1, cuda (every GPU)"},
+                   "(two replicas sharing GPU 0), cuda:0,cuda:1, cuda (every GPU);\n"
+                   "at most 64 replicas in all"},
     [F_STRATEGIES] = {"strategies", "LIST", "central,mirrored", "the strategies to compare"},
     [F_WIDTHS] = {"widths", "LIST", "256,1024,2048 (--quick: 64,256)",
                   "units of each hidden layer, comma separated, 1 to 65536"},

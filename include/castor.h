@@ -137,7 +137,7 @@ typedef struct castor_strategy castor_strategy;
  *   "cuda:0,cuda:1"  the GPUs listed
  *   "cuda:0x4"   four logical replicas sharing GPU 0
  * Names in either ASCII case; an empty entry (",cpu", "cpu,") is an error,
- * as is a GPU named twice.
+ * as is a GPU named twice or more than 64 replicas in all.
  * options may be NULL for the defaults.
  */
 CASTOR_API int castor_strategy_create(castor_strategy **out, castor_strategy_kind kind,

@@ -49,7 +49,9 @@ enum {
     {"strategy", "central|mirrored", "central",                                          \
      "the strategy to run the model on (any works for any file)"}
 #define ROW_DEVICES                                                                      \
-    {"devices", "LIST", "cpu", "the replicas: cpu, cpu:N, cpu:NxK, cuda, cuda:0,cuda:1, cuda:0x4"}
+    {"devices", "LIST", "cpu",                                                           \
+     "the replicas: cpu, cpu:N, cpu:NxK, cuda, cuda:0,cuda:1, cuda:0x4;\n"                \
+     "at most 64 replicas in all"}
 #define ROW_BATCH                                                                        \
     {"batch", "N", "256", "samples per step, at least the number of replicas, at most 16777216"}
 #define ROW_QUIET {"quiet", NULL, NULL, "no library warnings on stderr"}

@@ -88,7 +88,7 @@ static const cli_flag train_flags[F_COUNT + 1] = {
                    "the replicas, comma separated: cpu, cpu:N (N emulated CPU\n"
                    "devices), cpu:1x2 (two replicas sharing one), cuda (every GPU),\n"
                    "cuda:0,cuda:1 (the GPUs listed), cuda:0x4 (four replicas\n"
-                   "sharing GPU 0)"},
+                   "sharing GPU 0); at most 64 replicas in all"},
     [F_DEVICE_MEMORY] = CLI_ROW_DEVICE_MEMORY,
     [F_HOST_THREADS] = {"host-threads", "N", "0: one per core",
                         "host threads for the gradient reduction and the optimizer,\n"
