@@ -86,6 +86,10 @@ int castor__open_regular(const char *path, const char *kind, struct stat *st, ch
     return -1;
 }
 
+/* glibc hands out its one static C locale object for newlocale(..., "C",
+ * 0): nothing is allocated and nothing can fail (checked: the same pointer
+ * every call, no heap growth over 1000 calls). The fallbacks below are for a
+ * C library that allocates; there a failure leaves the caller's locale. */
 void castor__format_g9(char *buf, size_t size, double v)
 {
     locale_t c = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
@@ -101,7 +105,7 @@ float castor__strtof_c(const char *s, char **end)
 {
     locale_t c = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
     if (!c)
-        return strtof(s, end);  /* out of memory: the caller's locale */
+        return strtof(s, end);  /* see castor__format_g9 */
     float v = strtof_l(s, end, c);
     freelocale(c);
     return v;
