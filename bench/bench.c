@@ -281,12 +281,15 @@ static int run_one(const bench_config *c, const bench_limits *L, castor_strategy
     for (int l = 0; l <= depth && !rc; l++)
         rc = castor_model_add_dense(m, l < depth ? width : c->classes,
                                     l < depth ? CASTOR_ACT_RELU : CASTOR_ACT_LINEAR);
+    /* Known once the layers are: a run that fails to compile (a device too
+     * small for the model) reports the size it was refused at, not 0. */
+    if (!rc)
+        r->params = castor_model_num_params(m);
     castor_optimizer opt = castor_optimizer_defaults(c->optimizer);
     if (rc || (rc = castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, &opt, c->seed))) {
         fail_run(r, "compile", rc, castor_model_errmsg(m));
         goto out;
     }
-    r->params = castor_model_num_params(m);
     if ((rc = make_data(c, batch, &ds))) {
         fail_run(r, "data", rc, castor_dataset_errmsg(ds));
         goto out;

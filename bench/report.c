@@ -115,8 +115,8 @@ void bench_print_table(FILE *out, const bench_config *c, const bench_result *r, 
     for (int i = 0; i < n; i++) {
         const bench_result *x = &r[i];
         if (!x->ok) {
-            fprintf(out, "%3d %-8s %6d %5d %6d  failed: %s\n", i + 1, kind_name(x->strategy),
-                    x->width, x->depth, x->batch, x->error);
+            fprintf(out, "%3d %-8s %6d %5d %6d %10zu  failed: %s\n", i + 1,
+                    kind_name(x->strategy), x->width, x->depth, x->batch, x->params, x->error);
             continue;
         }
         char range[48];

@@ -316,6 +316,42 @@ else
     bad "cannot build the aligned_alloc shim" "$(cat "$T/cc.err")"
 fi
 
+# ---- a run that fails: reported, and the others still done ----
+# A 1 MiB device holds the width-8 model but not the width-256 one (1.6 MB
+# of variables and gradients per replica): those two runs fail at compile.
+# Their rows keep the parameter count they were refused at (it read 0).
+"$BIN" bench --quick --devices cpu:2 --widths 8,256 --batches 4 --steps 1 --warmup 0 \
+    --device-memory 1M --out "$T/fail" >"$T/stdout4" 2>"$T/stderr4"
+rc=$?
+if [[ $rc -eq 1 ]] && grep -q '^castor: bench: 2 of 4 runs failed$' "$T/stderr4" &&
+    [[ $(grep -c '^castor: \[[34]/4\] .* width 256 .*: compile: out of device memory' "$T/stderr4") -eq 2 ]] &&
+    python3 - "$T/fail/bench.json" "$T/fail/bench.csv" "$T/stdout4" >"$T/json.out" 2>&1 <<'EOF'
+import csv, json, sys
+params = {8: 784 * 8 + 8 + 8 * 10 + 10, 256: 784 * 256 + 256 + 256 * 10 + 10}
+runs = json.load(open(sys.argv[1]))["runs"]
+rows = list(csv.DictReader(open(sys.argv[2])))
+assert len(runs) == 4 and len(rows) == 4, (runs, rows)
+for r, row in zip(runs, rows):
+    w = r["width"]
+    assert r["params"] == params[w] and int(row["params"]) == params[w], (r, row)
+    assert r["ok"] == (w == 8) and row["ok"] == str(int(w == 8)), (r, row)
+    if w == 8:
+        assert r["lower_bound"]["ratio"] > 0 and float(row["ratio"]) > 0, (r, row)
+    else:
+        assert "out of device memory" in r["error"] and row["error"] == r["error"], (r, row)
+        assert row["step_median_s"] == "" and row["ratio"] == "", row
+table = open(sys.argv[3]).read()
+for kind in ("central", "mirrored"):
+    line = f" {kind:<8} {256:6} {1:5} {4:6} {params[256]:10}  failed: compile: out of device"
+    assert line in table, (line, table)
+print("ok")
+EOF
+then
+    ok "a run that fails (--device-memory 1M): status 1, its size and why, the others done"
+else
+    bad "a run that fails: status $rc" "$(cat "$T/json.out"; tail -n 5 "$T/stderr4")"
+fi
+
 # ---- BENCH_OUT ----
 BENCH_OUT="$T/env" timeout 300 "$BIN" bench --quick --strategies central --widths 32 \
     --steps 1 --warmup 0 >"$T/stdout2" 2>"$T/stderr2"
