@@ -614,8 +614,10 @@ void bench_lower_bound(const bench_config *c, const bench_limits *L, bench_resul
         r->t_host = NAN;
     else if (central)
         r->t_host = hc->central_s;
-    else  /* the CPU replicas' updates run at once, one thread each */
-        r->t_host = (host_reduce ? hc->reduce_s : 0.0) + hc->replica_opt_s;
+    else  /* the host's sum, then the CPU replicas' updates at once, one thread
+           * each: none on GPUs alone, where replica_opt_s is not measured */
+        r->t_host = (host_reduce ? hc->reduce_s : 0.0) +
+                    (host_updates > 0 ? hc->replica_opt_s : 0.0);
 
     /* A term that could not be measured leaves no bound: the largest of the
      * others could be far below the true one. */

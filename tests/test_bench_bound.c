@@ -1,0 +1,134 @@
+/*
+ * bench/limits.c as functions: a run's lower bound and the bytes it should
+ * move, from limits made up here for placements this machine cannot open
+ * (GPUs: several replicas on one, one each, NCCL or not), beside the
+ * emulated devices that bench_smoke.sh runs whole.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "bench/bench.h"
+
+enum { INPUT = 16, WIDTH = 8, CLASSES = 4, DEPTH = 1 };
+
+/* input -> WIDTH relu -> CLASSES: the model bench.c builds. */
+static const size_t PARAMS = INPUT * WIDTH + WIDTH + WIDTH * CLASSES + CLASSES;
+
+static bench_config config;
+static bench_limits limits;
+static bench_host_cost host_cost;
+static bench_gemm gemms[16];
+
+/* Limits for `replicas` replicas, `cpu` of them emulated devices: every
+ * GEMM at 1 us, copies at 10 GB/s, and host kernels of 1 ms (the sum), 2 ms
+ * (central's pass) and 3 ms (the CPU replicas' updates; NaN without any, as
+ * bench_measure_host_costs leaves it). */
+static void make_limits(int replicas, int cpu, int same_device, int distinct_gpus, int batch)
+{
+    memset(&config, 0, sizeof config);
+    config.input = INPUT;
+    config.classes = CLASSES;
+    config.optimizer = CASTOR_OPT_ADAM;
+    config.replicas = replicas;
+    memset(&limits, 0, sizeof limits);
+    limits.replicas = replicas;
+    limits.cpu_devices = cpu;
+    limits.same_device = same_device;
+    limits.distinct_gpus = distinct_gpus;
+    limits.h2d_all = limits.d2h_all = limits.both_all = 1e10;
+    host_cost = (bench_host_cost){PARAMS, 1e-3, 1.5e-3, 2e-3, cpu > 0 ? 3e-3 : NAN};
+    limits.host_costs = &host_cost;
+    limits.n_host_costs = 1;
+    int rows = (batch + replicas - 1) / replicas;
+    int n = bench_step_gemms(INPUT, WIDTH, DEPTH, CLASSES, rows, gemms, 16);
+    cr_assert_eq(n, 5, "forward x2, dW x2, one dX");
+    for (int i = 0; i < n; i++)
+        gemms[i].seconds = 1e-6;
+    limits.gemms = gemms;
+    limits.n_gemms = limits.cap_gemms = n;
+}
+
+/* A run of `kind` that moved what the replica loop should move. */
+static bench_result make_run(castor_strategy_kind kind, int replicas, int batch)
+{
+    bench_result r;
+    memset(&r, 0, sizeof r);
+    r.strategy = kind;
+    r.width = WIDTH;
+    r.depth = DEPTH;
+    r.batch = batch;
+    r.replicas = replicas;
+    r.params = PARAMS;
+    r.ok = 1;
+    r.step_median = 0.1;
+    bench_expected_bytes(&config, &limits, &r, &r.h2d_per_step, &r.d2h_per_step);
+    return r;
+}
+
+Test(bench_bound, gemm_flops_are_the_whole_batch_forward_and_backward)
+{
+    make_limits(2, 2, 0, 0, 6);
+    bench_result r = make_run(CASTOR_STRATEGY_CENTRAL, 2, 6);
+    bench_lower_bound(&config, &limits, &r);
+    /* 2mnk per GEMM over the batch's rows: forward and dW on both layers,
+     * dX on the second. */
+    double want = 2.0 * 6 * (INPUT * WIDTH * 2 + WIDTH * CLASSES * 3);
+    cr_assert_float_eq(r.flops, want, 1e-9 * want);
+    cr_assert_float_eq(r.t_compute, 5e-6, 1e-15, "the busiest replica's five GEMMs");
+}
+
+Test(bench_bound, central_moves_variables_up_and_gradients_down_on_every_replica)
+{
+    make_limits(2, 2, 0, 0, 6);
+    bench_result r = make_run(CASTOR_STRATEGY_CENTRAL, 2, 6);
+    cr_assert_eq(r.h2d_per_step, 6.0 * (INPUT + 1) * 4 + 2 * 4.0 * PARAMS);
+    cr_assert_eq(r.d2h_per_step, 6.0 * 8 + 2 * 4.0 * PARAMS);
+    bench_lower_bound(&config, &limits, &r);
+    cr_assert_eq(r.t_host, 2e-3, "central's one pass");
+}
+
+Test(bench_bound, mirrored_on_cpu_devices_sums_on_the_host_then_updates_on_each)
+{
+    make_limits(2, 2, 0, 0, 6);
+    bench_result r = make_run(CASTOR_STRATEGY_MIRRORED, 2, 6);
+    cr_assert_eq(r.h2d_per_step, 6.0 * (INPUT + 1) * 4 + 2 * 4.0 * PARAMS);
+    bench_lower_bound(&config, &limits, &r);
+    cr_assert_float_eq(r.t_host, 1e-3 + 3e-3, 1e-15);
+}
+
+/* cuda:0x2,cuda:1: not one GPU, not a GPU each, so mirrored sums on the
+ * host and updates on the GPUs. The host term was the sum plus the CPU
+ * replicas' updates, which are not measured without CPU replicas (NaN):
+ * such runs got no bound at all. */
+Test(bench_bound, mirrored_through_the_host_on_gpus_is_bound_by_the_sum)
+{
+    make_limits(3, 0, 0, 0, 6);
+    bench_result r = make_run(CASTOR_STRATEGY_MIRRORED, 3, 6);
+    cr_assert(bench_mirrored_reduces_on_host(&limits, &r));
+    bench_lower_bound(&config, &limits, &r);
+    cr_assert_eq(r.t_host, 1e-3, "the host's sum alone, not %g", r.t_host);
+    cr_assert_eq(r.lower_bound, 1e-3);
+    cr_assert_str_eq(r.bound_by, "host");
+    cr_assert_float_eq(r.ratio, 100.0, 1e-9);
+}
+
+Test(bench_bound, mirrored_with_nccl_has_no_host_term)
+{
+    make_limits(2, 0, 0, 1, 6);
+    bench_result r = make_run(CASTOR_STRATEGY_MIRRORED, 2, 6);
+    cr_assert_not(bench_mirrored_reduces_on_host(&limits, &r));
+    cr_assert_eq(r.d2h_per_step, 6.0 * 8, "row statistics only");
+    bench_lower_bound(&config, &limits, &r);
+    cr_assert_eq(r.t_host, 0.0);
+}
+
+Test(bench_bound, mirrored_on_one_shared_device_moves_only_the_batch)
+{
+    make_limits(2, 0, 1, 0, 6);
+    bench_result r = make_run(CASTOR_STRATEGY_MIRRORED, 2, 6);
+    cr_assert_not(bench_mirrored_reduces_on_host(&limits, &r));
+    cr_assert_eq(r.h2d_per_step, 6.0 * (INPUT + 1) * 4);
+    bench_lower_bound(&config, &limits, &r);
+    cr_assert_eq(r.t_host, 0.0);
+}
