@@ -530,8 +530,10 @@ int bench_mirrored_reduces_on_host(const bench_limits *L, const bench_result *r)
         return 1;
     /* Distinct GPUs: NCCL, unless it could not start and the strategy fell
      * back to the host, which the run's own counters show: every replica's
-     * gradient came down. */
-    return r->d2h_per_step >= (double)r->replicas * 4.0 * (double)r->params;
+     * gradient came down, beside the 2 floats of row statistics a row that
+     * every run sends (with a small model and a large batch, more bytes
+     * than R gradients). */
+    return r->d2h_per_step - 8.0 * r->batch >= (double)r->replicas * 4.0 * (double)r->params;
 }
 
 int bench_mirrored_has_update_phase(const bench_limits *L, int replicas)

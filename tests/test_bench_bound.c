@@ -123,6 +123,21 @@ Test(bench_bound, mirrored_with_nccl_has_no_host_term)
     cr_assert_eq(r.t_host, 0.0);
 }
 
+/* Distinct GPUs: NCCL, unless the run's own bytes show every gradient came
+ * down (NCCL could not start). A small model with a large batch sends more
+ * bytes of row statistics (8 a row) than R gradients: that was taken for
+ * the host's all-reduce. */
+Test(bench_bound, nccl_told_from_the_host_fallback_by_the_gradient_bytes)
+{
+    int batch = 4096;
+    make_limits(2, 0, 0, 1, batch);
+    bench_result r = make_run(CASTOR_STRATEGY_MIRRORED, 2, batch);
+    cr_assert_gt(r.d2h_per_step, 2 * 4.0 * PARAMS, "the case: rows outweigh the gradients");
+    cr_assert_not(bench_mirrored_reduces_on_host(&limits, &r), "NCCL, row statistics only");
+    r.d2h_per_step += 2 * 4.0 * PARAMS;
+    cr_assert(bench_mirrored_reduces_on_host(&limits, &r), "every gradient came down");
+}
+
 Test(bench_bound, mirrored_on_one_shared_device_moves_only_the_batch)
 {
     make_limits(2, 0, 1, 0, 6);
