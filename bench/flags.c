@@ -46,7 +46,9 @@ static const cli_flag bench_flags[F_COUNT + 1] = {
                    "number of replicas, at most 16777216"},
     [F_STEPS] = {"steps", "N", "10 (--quick: 3)",
                  "timed steps per run, 1 to 100000; the median is reported"},
-    [F_WARMUP] = {"warmup", "N", "3 (--quick: 1)", "untimed steps before them, 0 to 100000"},
+    [F_WARMUP] = {"warmup", "N", "3 (--quick: 1)",
+                 "untimed steps before them, 0 to 100000; one more, untimed\n"
+                 "too, starts the clock, so the first step is never timed"},
     [F_INPUT] = {"input", "N", "784", "features per (synthetic) sample, 1 to 1048576"},
     [F_CLASSES] = {"classes", "N", "10", "classes, the units of the output layer, 2 to 65536"},
     [F_OPTIMIZER] = {"optimizer", "sgd|adam|adamw", "adam", "the optimizer"},
@@ -72,14 +74,20 @@ static void bench_usage(FILE *out)
             "Train the same models with the central and the mirrored strategy on\n"
             "synthetic data and time them step by step (median of the timed steps,\n"
             "warm-up excluded). In the same run, measure the limits they are judged\n"
-            "by: host<->device copy bandwidth, host memory bandwidth (a triad on every\n"
-            "host thread), castor's host reduction and optimizer at each model's size\n"
-            "and the devices' GEMM rate at each model's shapes (each the fastest of a\n"
-            "few trials); from them each run's lower-bound step time, the largest of\n"
-            "  transfer  bytes copied per step / copy bandwidth,\n"
+            "by: host<->device copy bandwidth, castor's host reduction and optimizer\n"
+            "at each model's size and the devices' GEMM rate at each model's shapes\n"
+            "(each the fastest of a few trials); from them each run's lower-bound\n"
+            "step time, the largest of\n"
+            "  transfer  bytes copied per step / copy bandwidth, all replicas at once,\n"
             "  compute   the step's GEMMs at the measured rates,\n"
-            "  host      the host's reduction and optimizer at the model's size,\n"
-            "and the ratio of the measured step time to it.\n"
+            "  host      castor's host kernels at the model's size: the sum of the\n"
+            "            gradients where the host does it (central; mirrored with\n"
+            "            several replicas, unless they share one device or have a\n"
+            "            GPU each) and each optimizer update in host memory\n"
+            "            (central's; mirrored's on emulated CPU devices),\n"
+            "and the ratio of the measured step time to it (1 or more, but for\n"
+            "noise). Host memory bandwidth (a triad on every host thread) is shown\n"
+            "beside them, not used in the bound.\n"
             "\n"
             "The table goes to stdout, progress to stderr; DIR receives bench.csv,\n"
             "bench.json (the limits and every run) and bench.png (step time and peak\n"

@@ -136,8 +136,10 @@ void bench_print_table(FILE *out, const bench_config *c, const bench_result *r, 
                 x->rss_run_scoped ? "" : "*");
     }
     fprintf(out,
-            "  bus GB/s: (h2d + d2h) / seconds of the phases that copy (replicas; mirrored: and "
-            "its update).\n"
+            "  bus GB/s: (h2d + d2h) / seconds of the phases that copy (the replicas'; mirrored "
+            "through the host: and\n"
+            "           its update, which uploads the sum). Phase seconds are run-stats means "
+            "over the timed steps.\n"
             "  upd Mp/s: parameters / seconds of the reduction and update phases (mirrored: the "
             "update (and NCCL's\n"
             "           all-reduce) runs on the devices; '-' with one replica, where it runs "
@@ -480,13 +482,14 @@ int bench_write_json(const char *path, const bench_config *c, const bench_limits
                  "dy W^T) at the busiest replica's rows, measured with every replica at once; "
                  "host = castor's own host kernels timed alone at the run's parameter count "
                  "(limits.host_step): the sum of the replicas' gradients where it runs on the "
-                 "host (central; mirrored with several replicas not all on GPUs, or without "
-                 "NCCL), plus the optimizer update wherever it runs in host memory (central: once "
-                 "on the host threads; mirrored: every emulated CPU device's at once, one thread "
-                 "each); host_memory_bytes_per_step gives the bytes those kernels move. Not "
-                 "counted: elementwise kernels, "
-                 "and mirrored's all-reduce between GPUs (NCCL or on a shared GPU), so the "
-                 "bound only gets looser.");
+                 "host (central; mirrored with several replicas neither sharing one device nor "
+                 "on a GPU each, or without NCCL), plus the optimizer update wherever it runs in "
+                 "host memory (central: once on the host threads; mirrored: every emulated CPU "
+                 "device's at once, one thread each); host_memory_bytes_per_step gives the bytes "
+                 "those kernels move. Not counted: elementwise kernels, "
+                 "mirrored's all-reduce on the devices (NCCL, or on a device its replicas "
+                 "share: cuda:IxK, cpu:1xK) and its optimizer update on GPUs (no device memory "
+                 "rate is measured), so the bound only gets looser.");
     cJSON *runs = cJSON_AddArrayToObject(root, "runs");
     for (int i = 0; runs && i < n; i++)
         cJSON_AddItemToArray(runs, json_run(c, &r[i]));
