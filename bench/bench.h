@@ -57,7 +57,10 @@ typedef struct bench_config {
  * optimizer update (castor__optim_apply), timed alone. NaN if unmeasured. */
 typedef struct bench_host_cost {
     size_t params;
-    double reduce_s, opt_s;  /* the sum alone, one update alone (mirrored's host path) */
+    /* The sum alone (mirrored through the host sums so, then updates on the
+     * devices); one host update alone (no strategy runs it so: a reference
+     * beside central_s, shown, not in a bound). */
+    double reduce_s, opt_s;
     double central_s;        /* central's one pass that sums and updates (host/update.h) */
     /* Mirrored on emulated CPU devices: every CPU replica's update at once,
      * each single-threaded on its replica thread, as they run there. */

@@ -10,12 +10,12 @@
  *                    write-allocate read of a that most CPUs also do; and the
  *                    optimizer kernel alone on the same arrays;
  *   host step        castor's own host kernels at each model size of the grid:
- *                    the sum of the replicas' gradients and one optimizer
- *                    update on the host threads (mirrored through the host),
- *                    central's one pass that does both, and every emulated
- *                    CPU replica's update at once on its replica thread (as
- *                    mirrored runs them). These are the host term of a run's
- *                    lower bound.
+ *                    the sum of the replicas' gradients on the host threads
+ *                    (mirrored through the host), central's one pass that sums
+ *                    and updates, and every emulated CPU replica's update at
+ *                    once on its replica thread (as mirrored runs them): the
+ *                    host term of a run's lower bound; and one optimizer
+ *                    update on the host threads alone, shown for reference.
  */
 #include <math.h>
 #include <stdint.h>
@@ -120,9 +120,6 @@ const bench_host_cost *bench_find_host_cost(const bench_limits *L, size_t params
     return NULL;
 }
 
-/* The reduction of R gradients and one optimizer step over n variables, as
- * the central strategy runs them (src/strategy.c, src/central.c), each the
- * fastest of a few trials after an untimed one. */
 /* Each CPU replica's optimizer update on its own arrays, single-threaded,
  * all at once on the replica threads (device/cpu's optimizer_step). */
 typedef struct replica_update {
@@ -188,6 +185,8 @@ size_t bench_host_memory_allowance(void)
     return half < room ? half : room;
 }
 
+/* The host kernels of a step over n variables (bench_host_cost), each the
+ * fastest of a few trials after an untimed one. */
 static void measure_host_cost(const bench_config *c, bench_limits *L, castor__pool *hpool,
                               castor__pool *rpool, bench_host_cost *hc)
 {
