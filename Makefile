@@ -89,7 +89,7 @@ CLI_OBJ  = $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 $(CLI_OBJ): ALL_CFLAGS += -DCASTOR_HAVE_BENCH
 TEST_OBJ = $(TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/support.o \
            $(BUILD)/obj/tests/checkpoint_support.o $(BUILD)/obj/tests/cpu_device_support.o \
-           $(BUILD)/obj/tests/fault_support.o
+           $(BUILD)/obj/tests/fault_support.o $(BUILD)/obj/tests/fault_inject.o
 GPU_TEST_OBJ = $(GPU_TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/support.o \
                $(BUILD)/obj/tests/gpu/gpu_support.o
 # The allocation-failure sweeps (tests/alloc/) are a binary of their own:
