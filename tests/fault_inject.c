@@ -1,6 +1,7 @@
 /* Device faults injected into a strategy's devices: see fault_inject.h. */
 #include "fault_inject.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,9 +27,10 @@ static int fail_op;
 static long fail_at;  /* 1-based call of fail_op on fail_dev; 0: count only */
 int fault_failed;
 /* Asynchronous: the failing op is dropped, as queued work that faulted, and
- * the device's next synchronize reports it. */
+ * the device's next synchronize reports it. Set on the failing replica's
+ * thread while every replica's synchronize reads it: atomic. */
 static int async_mode;
-static cdev *async_pending;
+static _Atomic(cdev *) async_pending;
 
 static int slot(cdev *dev)
 {
@@ -105,11 +107,10 @@ static int w_synchronize(cdev *dev)
     int i = slot(dev);
     int rc = inj[i].real->synchronize(dev);
     long n = ++inj[i].calls[OP_SYNC];
-    if (!rc && async_pending == dev) {
-        async_pending = NULL;
+    cdev *mine = dev;
+    if (!rc && atomic_compare_exchange_strong(&async_pending, &mine, NULL))
         return castor__cdev_fail(dev, CASTOR_DEVICE, "%s: injected failure of queued work",
                                  dev->name);
-    }
     if (!rc && dev == fail_dev && fail_op == OP_SYNC && n == fail_at) {
         fault_failed = 1;
         return castor__cdev_fail(dev, CASTOR_DEVICE, "%s: injected synchronize failure",

@@ -6,7 +6,8 @@
  * (tests/tsan/, where Criterion cannot start) injects faults with the very
  * code the Criterion suites use (tests/fault_support.h adds their helpers).
  *
- * One strategy at a time is wrapped.
+ * One strategy at a time is wrapped. Its replica threads run the wrappers
+ * at once, each on its own device; what they share is atomic.
  */
 #ifndef CASTOR_TESTS_FAULT_INJECT_H
 #define CASTOR_TESTS_FAULT_INJECT_H

@@ -1,7 +1,7 @@
 /*
  * The threaded paths under ThreadSanitizer: replica threads and the host
  * pool inside every call, several application threads on separate handles
- * at once.
+ * at once, device faults on one replica while the others run.
  * Prints "N passed, M failed"; a race is TSan's report (halt_on_error=1 in
  * make check-sanitize), a hang is a deadlock, which the alarm below ends.
  */
@@ -28,7 +28,7 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         void (*run)(void);
-    } groups[] = {{"train", tsan_train}};
+    } groups[] = {{"train", tsan_train}, {"faults", tsan_faults}};
     for (size_t i = 0; i < sizeof groups / sizeof *groups; i++) {
         /* castor-tsan-tests NAME... runs only those groups. */
         int wanted = argc < 2;

@@ -73,5 +73,6 @@ int tsan_dir_entries(const char *dir);
 
 /* The groups of checks, one per file. */
 void tsan_train(void);
+void tsan_faults(void);
 
 #endif
