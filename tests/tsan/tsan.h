@@ -74,5 +74,6 @@ int tsan_dir_entries(const char *dir);
 /* The groups of checks, one per file. */
 void tsan_train(void);
 void tsan_faults(void);
+void tsan_callbacks(void);
 
 #endif
