@@ -75,5 +75,6 @@ int tsan_dir_entries(const char *dir);
 void tsan_train(void);
 void tsan_faults(void);
 void tsan_callbacks(void);
+void tsan_checkpoints(void);
 
 #endif
