@@ -220,7 +220,7 @@ static void *faulty_thread(void *arg)
 
 typedef struct bystander {
     atomic_int *done;
-    int rounds;
+    int rounds, bad;  /* how many rounds varies with timing: checked once, at the end */
 } bystander;
 
 /* Trains a model of its own on another strategy, round after round, until
@@ -238,13 +238,11 @@ static void *bystander_thread(void *arg)
         if (!m)
             break;
         np = castor_model_num_params(m);
-        int rc = tsan_fit(m, ds, 1, BATCH, 0);
-        CHECK(rc == CASTOR_OK, "bystander: %s", castor_model_errmsg(m));
-        float *p = tsan_params(m);
-        if (!first)
+        float *p = tsan_fit(m, ds, 1, BATCH, 0) ? NULL : tsan_params(m);
+        if (!first && p) {
             first = p;
-        else {
-            CHECK(tsan_same(p, first, np), "bystander: round %d differs", b->rounds);
+        } else {
+            b->bad += !tsan_same(p, first, np);
             free(p);
         }
         b->rounds++;
@@ -259,11 +257,12 @@ static void *bystander_thread(void *arg)
 void tsan_faults(void)
 {
     atomic_int done = 0;
-    bystander b = {&done, 0};
+    bystander b = {&done, 0, 0};
     pthread_t by;
     pthread_create(&by, NULL, bystander_thread, &b);
     faulty_thread(NULL);
     atomic_store(&done, 1);
     pthread_join(by, NULL);
-    CHECK(b.rounds > 1, "the bystander trained %d rounds beside the faults", b.rounds);
+    CHECK(b.rounds > 1 && b.bad == 0, "the bystander trained %d rounds beside the faults, %d "
+          "of them failed or differ from its first", b.rounds, b.bad);
 }
