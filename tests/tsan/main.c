@@ -2,7 +2,8 @@
  * The threaded paths under ThreadSanitizer: replica threads and the host
  * pool inside every call, several application threads on separate handles
  * at once, device faults on one replica while the others run, the progress
- * and log callbacks, checkpoints written and read at once.
+ * and log callbacks, checkpoints written and read at once, handles freed in
+ * either order and compiled again while other threads train.
  * Prints "N passed, M failed"; a race is TSan's report (halt_on_error=1 in
  * make check-sanitize), a hang is a deadlock, which the alarm below ends.
  */
@@ -32,7 +33,8 @@ int main(int argc, char **argv)
     } groups[] = {{"train", tsan_train},
                   {"faults", tsan_faults},
                   {"callbacks", tsan_callbacks},
-                  {"checkpoints", tsan_checkpoints}};
+                  {"checkpoints", tsan_checkpoints},
+                  {"lifetimes", tsan_lifetimes}};
     for (size_t i = 0; i < sizeof groups / sizeof *groups; i++) {
         /* castor-tsan-tests NAME... runs only those groups. */
         int wanted = argc < 2;

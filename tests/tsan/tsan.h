@@ -76,5 +76,6 @@ void tsan_train(void);
 void tsan_faults(void);
 void tsan_callbacks(void);
 void tsan_checkpoints(void);
+void tsan_lifetimes(void);
 
 #endif
