@@ -228,7 +228,8 @@ CASTOR_API int castor_dataset_load_mnist_dir(castor_dataset **out, const char *d
     struct stat dst;
     if (stat(dir, &dst) != 0) {
         int e = errno;
-        castor__errf(err, errlen, "%s: %s%s", dir, strerror(e),
+        char eb[128];  /* strerror's buffer is one for the process: not while others load */
+        castor__errf(err, errlen, "%s: %s%s", dir, castor__strerror(e, eb, sizeof eb),
                      e == ENOENT ? " (for Fashion-MNIST install the Debian package "
                                    "dataset-fashion-mnist)"
                                  : "");
