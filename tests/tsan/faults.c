@@ -1,13 +1,14 @@
 /*
  * A device fault on one replica while the others run: in a step (its
- * gradient phase and mirrored's update), in evaluate, predict, get_params
- * and set_params, on central and mirrored, on three emulated devices and
- * on one shared by three replicas. The failed call must wait for what it
- * queued and leave the model as it was, or (mirrored, after its replicas
- * may have diverged) refusing work until set_params; either way the next
- * step must give the very bits of a run that never failed. Meanwhile
- * another application thread trains a model of its own, which must not
- * notice.
+ * gradient phase and mirrored's update), in evaluate, predict, get_params,
+ * set_params, save, load and compile, on central and mirrored, on three
+ * emulated devices and on one shared by three replicas. The failed call
+ * must wait for what it queued and leave the model as it was (a failed
+ * compile: not compiled, the strategy free for it again), or (mirrored,
+ * after its replicas may have diverged) refusing work until set_params;
+ * either way the next step must give the very bits of a run that never
+ * failed. Meanwhile another application thread trains a model of its own,
+ * which must not notice.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,9 +21,9 @@
 
 enum { SAMPLES = 60, BATCH = 12, WARM = 2 };
 
-enum { ACT_STEP, ACT_EVALUATE, ACT_PREDICT, ACT_GET, ACT_SET };
-static const char *const act_names[] = {"step", "evaluate", "predict", "get_params",
-                                        "set_params"};
+enum { ACT_STEP, ACT_EVALUATE, ACT_PREDICT, ACT_GET, ACT_SET, ACT_SAVE, ACT_LOAD };
+static const char *const act_names[] = {"step",       "evaluate", "predict", "get_params",
+                                        "set_params", "save",     "load"};
 
 typedef struct fault_case {
     int act;
@@ -31,7 +32,7 @@ typedef struct fault_case {
     long at;
     int async;
     /* mirrored only: its replicas may disagree after it (the update, or
-     * set_params placing the values) */
+     * set_params and load placing the values) */
     int diverges;
 } fault_case;
 
@@ -47,11 +48,25 @@ static const fault_case cases[] = {
     {ACT_PREDICT, OP_GEMM, 2, 2, 0, 0},
     {ACT_GET, OP_D2H, 0, 1, 0, 0},      /* mirrored reads replica 0 */
     {ACT_SET, OP_H2D, 2, 1, 0, 1},      /* mirrored places them on every replica */
+    {ACT_SAVE, OP_D2H, 0, 2, 1, 0},     /* mirrored reads replica 0 */
+    {ACT_LOAD, OP_H2D, 1, 1, 0, 1},     /* mirrored places them on every replica */
 };
 
-/* What a run that never failed gives after WARM steps, and after one more. */
+/* Faults in compile: central's touch only the caller's thread (buffers
+ * and events), mirrored's also its replica threads (placing the initial
+ * variables). */
+static const fault_case compile_cases[] = {
+    {0, OP_ALLOC, 2, 1, 0, 0},
+    {0, OP_EVENT, 1, 2, 0, 0},
+    {0, OP_H2D, 1, 1, 0, 0},
+    {0, OP_SYNC, 2, 1, 0, 0},
+};
+
+/* What a run that never failed gives compiled, after WARM steps, and after
+ * one more; where its files go. */
 typedef struct reference {
-    float *warm, *next;
+    float *fresh, *warm, *next;
+    char saved[4200], other[4200];
     castor_metrics met;
     float pred[SAMPLES * TSAN_C];
 } reference;
@@ -72,8 +87,13 @@ static castor_model *warm_model(const tsan_setup *setup, const castor_dataset *d
 static int make_reference(const tsan_setup *setup, const castor_dataset *ds, reference *ref)
 {
     castor_strategy *s = NULL;
-    castor_model *m = warm_model(setup, ds, &s);
+    castor_model *m = tsan_model(setup, NULL, &s);
     if (!m)
+        return -1;
+    ref->fresh = tsan_params(m);
+    castor_model_free(m);
+    castor_strategy_free(s);
+    if (!(m = warm_model(setup, ds, &s)))
         return -1;
     ref->warm = tsan_params(m);
     int rc = castor_model_evaluate(m, ds, BATCH, &ref->met) ||
@@ -86,9 +106,10 @@ static int make_reference(const tsan_setup *setup, const castor_dataset *ds, ref
     return rc || !ref->warm || !ref->next ? -1 : 0;
 }
 
-static int act(int a, castor_model *m, const castor_dataset *ds, const float *params,
+static int act(int a, castor_model *m, const castor_dataset *ds, const reference *ref,
                castor_metrics *met, float *pred)
 {
+    const float *params = ref->warm;
     size_t np = castor_model_num_params(m);
     switch (a) {
     case ACT_STEP:
@@ -103,8 +124,12 @@ static int act(int a, castor_model *m, const castor_dataset *ds, const float *pa
         free(p);
         return rc;
     }
-    default:
+    case ACT_SET:
         return castor_model_set_params(m, params, np);
+    case ACT_SAVE:
+        return castor_model_save(m, ref->other);
+    default:
+        return castor_model_load(m, ref->saved);
     }
 }
 
@@ -117,7 +142,7 @@ static int reached(const fault_case *fc, const tsan_setup *setup)
         return mirrored;
     if (fc->op == OP_ADD)
         return mirrored && shared;
-    if (fc->act == ACT_GET || fc->act == ACT_SET)
+    if (fc->act == ACT_GET || fc->act == ACT_SET || fc->act == ACT_SAVE || fc->act == ACT_LOAD)
         return mirrored;  /* central's variables are on the host */
     return 1;
 }
@@ -136,6 +161,9 @@ static void run_case(const tsan_setup *setup, const castor_dataset *ds, const re
     size_t np = castor_model_num_params(m);
     float *before = tsan_params(m);
     CHECK(tsan_same(before, ref->warm, np), "%s: warm-up differs", what);
+    /* The warm model's file, for load (its values are those of the run). */
+    CHECK(castor_model_save(m, ref->saved) == CASTOR_OK, "%s: save: %s", what,
+          castor_model_errmsg(m));
     /* get_params made the host's copy current; as if trained since, so that
      * mirrored's get_params and set_params read the replicas again. */
     m->host_params_current = setup->kind == CASTOR_STRATEGY_CENTRAL;
@@ -144,7 +172,7 @@ static void run_case(const tsan_setup *setup, const castor_dataset *ds, const re
     float pred[SAMPLES * TSAN_C];
 
     fault_arm(s, s->devs[fc->replica], fc->op, fc->at, fc->async);
-    int rc = act(fc->act, m, ds, ref->warm, &met, pred);
+    int rc = act(fc->act, m, ds, ref, &met, pred);
     fault_uninject();
     if (!reached(fc, setup)) {
         CHECK(rc == CASTOR_OK && !fault_failed, "%s: rc %d (%s), fired %d where nothing "
@@ -158,6 +186,12 @@ static void run_case(const tsan_setup *setup, const castor_dataset *ds, const re
     CHECK(castor_model_step(m) == step0, "%s: step moved", what);
     for (int i = 0; i < s->n_replicas; i++)
         CHECK(fault_queued(s, i) == 0, "%s: work left queued on replica %d", what, i);
+    if (fc->act == ACT_SAVE) {
+        FILE *f = fopen(ref->other, "rb");
+        CHECK(!f, "%s: a file was written", what);
+        if (f)
+            fclose(f);
+    }
 
     int mirrored = setup->kind == CASTOR_STRATEGY_MIRRORED;
     if (fc->diverges && mirrored) {
@@ -196,9 +230,60 @@ done:
     castor_strategy_free(s);
 }
 
+/* A compile that fails leaves the model uncompiled and the strategy free;
+ * compiled again, the model is a fresh one, bit for bit. */
+static void compile_case(const tsan_setup *setup, const castor_dataset *ds, const reference *ref,
+                         const fault_case *fc)
+{
+    char what[160];
+    snprintf(what, sizeof what, "%s %s compile: %s #%ld on replica %d",
+             castor_strategy_kind_name(setup->kind), setup->devices, fault_op_names[fc->op],
+             fc->at, fc->replica);
+    castor_strategy *s = NULL;
+    castor_model *m = NULL;
+    castor_strategy_options so = CASTOR_STRATEGY_OPTIONS_INIT;
+    so.host_threads = setup->host_threads;
+    if (castor_strategy_create(&s, setup->kind, setup->devices, &so) ||
+        castor_model_create(&m, TSAN_F) || castor_model_add_layers(m, setup->layers)) {
+        CHECK(0, "%s: setting up", what);
+        goto done;
+    }
+    fault_arm(s, s->devs[fc->replica], fc->op, fc->at, fc->async);
+    int rc = castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, setup->seed);
+    fault_uninject();
+    int mirrored = setup->kind == CASTOR_STRATEGY_MIRRORED;
+    if (!mirrored && (fc->op == OP_H2D || fc->op == OP_SYNC)) {
+        CHECK(rc == CASTOR_OK && !fault_failed, "%s: rc %d (%s), fired %d where nothing "
+              "should run on the device", what, rc, castor_model_errmsg(m), fault_failed);
+        goto done;
+    }
+    CHECK(fault_failed && rc == CASTOR_DEVICE, "%s: fired %d, rc %d: %s", what, fault_failed, rc,
+          castor_model_errmsg(m));
+    CHECK(strstr(castor_model_errmsg(m), "injected") != NULL, "%s: message '%s'", what,
+          castor_model_errmsg(m));
+    for (int i = 0; i < s->n_replicas; i++)
+        CHECK(fault_queued(s, i) == 0, "%s: work left queued on replica %d", what, i);
+    CHECK(tsan_fit(m, ds, 1000, BATCH, 1) == CASTOR_MISUSE, "%s: fit not refused", what);
+    rc = castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, setup->seed);
+    CHECK(rc == CASTOR_OK, "%s: compile again: %s", what, castor_model_errmsg(m));
+    if (rc)
+        goto done;
+    size_t np = castor_model_num_params(m);
+    float *p = tsan_params(m);
+    CHECK(tsan_same(p, ref->fresh, np), "%s: compiled again, not a fresh model", what);
+    free(p);
+    rc = tsan_fit(m, ds, 1000, BATCH, WARM);
+    p = rc ? NULL : tsan_params(m);
+    CHECK(tsan_same(p, ref->warm, np), "%s: trained after compiling again: rc %d", what, rc);
+    free(p);
+done:
+    castor_model_free(m);
+    castor_strategy_free(s);
+}
+
 static void *faulty_thread(void *arg)
 {
-    (void)arg;
+    const char *dir = arg;
     static const tsan_setup setups[] = {
         {CASTOR_STRATEGY_CENTRAL, "cpu:3", TSAN_SMALL, 2, 5},
         {CASTOR_STRATEGY_MIRRORED, "cpu:3", TSAN_SMALL, 2, 5},
@@ -208,9 +293,17 @@ static void *faulty_thread(void *arg)
     castor_dataset *ds = tsan_data(5, SAMPLES);
     for (size_t i = 0; i < sizeof setups / sizeof *setups; i++) {
         reference ref = {0};
-        if (make_reference(&setups[i], ds, &ref) == 0)
+        snprintf(ref.saved, sizeof ref.saved, "%s/warm.safetensors", dir);
+        snprintf(ref.other, sizeof ref.other, "%s/other.safetensors", dir);
+        if (make_reference(&setups[i], ds, &ref) == 0) {
             for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
                 run_case(&setups[i], ds, &ref, &cases[c]);
+            for (size_t c = 0; c < sizeof compile_cases / sizeof *compile_cases; c++)
+                compile_case(&setups[i], ds, &ref, &compile_cases[c]);
+        }
+        remove(ref.saved);
+        remove(ref.other);
+        free(ref.fresh);
         free(ref.warm);
         free(ref.next);
     }
@@ -260,9 +353,14 @@ void tsan_faults(void)
     bystander b = {&done, 0, 0};
     pthread_t by;
     pthread_create(&by, NULL, bystander_thread, &b);
-    faulty_thread(NULL);
+    char *dir = tsan_tmpdir();
+    faulty_thread(dir);
     atomic_store(&done, 1);
     pthread_join(by, NULL);
+    CHECK(tsan_dir_entries(dir) == 0, "faults: %d files left behind (a temporary file of a "
+          "failed save?)", tsan_dir_entries(dir));
+    tsan_rmdir(dir);
+    free(dir);
     CHECK(b.rounds > 1 && b.bad == 0, "the bystander trained %d rounds beside the faults, %d "
           "of them failed or differ from its first", b.rounds, b.bad);
 }
