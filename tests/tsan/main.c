@@ -1,11 +1,12 @@
 /*
- * The threaded paths under ThreadSanitizer: replica threads and the host
- * pool inside every call, several application threads on separate handles
- * at once, device faults on one replica while the others run, the progress
- * and log callbacks, checkpoints written and read at once, handles freed in
- * either order and compiled again while other threads train.
- * Prints "N passed, M failed"; a race is TSan's report (halt_on_error=1 in
- * make check-sanitize), a hang is a deadlock, which the alarm below ends.
+ * The threaded paths under ThreadSanitizer: data sets loaded at once,
+ * replica threads and the host pool inside every call, several application
+ * threads on separate handles at once, device faults on one replica while
+ * the others run, the progress and log callbacks, checkpoints written and
+ * read at once, handles freed in either order and compiled again while
+ * other threads train. Prints "N passed, M failed"; a race is TSan's report
+ * (halt_on_error=1 in make check-sanitize), a hang is a deadlock, which the
+ * alarm below ends.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -30,7 +31,8 @@ int main(int argc, char **argv)
     static const struct {
         const char *name;
         void (*run)(void);
-    } groups[] = {{"train", tsan_train},
+    } groups[] = {{"data", tsan_data_loading},
+                  {"train", tsan_train},
                   {"faults", tsan_faults},
                   {"callbacks", tsan_callbacks},
                   {"checkpoints", tsan_checkpoints},

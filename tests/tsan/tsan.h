@@ -72,6 +72,7 @@ void tsan_rmdir(const char *dir);
 int tsan_dir_entries(const char *dir);
 
 /* The groups of checks, one per file. */
+void tsan_data_loading(void);
 void tsan_train(void);
 void tsan_faults(void);
 void tsan_callbacks(void);
