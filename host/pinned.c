@@ -1,8 +1,10 @@
 #include "pinned.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #ifdef CASTOR_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -19,6 +21,21 @@ enum { HOW_NONE = 0, HOW_CUDA = 1, HOW_ALIGNED = 2 };
 static size_t real_bytes(size_t bytes)
 {
     return bytes ? bytes : HOST_ALIGN;
+}
+
+/* mlock and munlock act on whole pages and do not count: a buffer that
+ * shared a page with another would, when freed, unlock the other's page
+ * too. So a buffer to lock has whole pages of its own. */
+static size_t lock_granule(void)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    return page > 0 ? (size_t)page : 4096;
+}
+
+/* n rounded up to a multiple of the power of two `to`; 0 if that overflows. */
+static size_t round_up(size_t n, size_t to)
+{
+    return n > SIZE_MAX - (to - 1) ? 0 : (n + to - 1) & ~(to - 1);
 }
 
 int castor__host_alloc(castor__host_buf *buf, size_t bytes, int use_cuda)
@@ -44,14 +61,19 @@ int castor__host_alloc(castor__host_buf *buf, size_t bytes, int use_cuda)
 #else
     (void)use_cuda;
 #endif
-    void *ptr = NULL;
-    if (posix_memalign(&ptr, HOST_ALIGN, size) != 0)
-        return CASTOR_NOMEM;
-    memset(ptr, 0, size);
     /* For a GPU only CUDA's own pinning counts: it copies from mlock'd
      * memory as from any pageable memory (staged, synchronous), so such a
-     * buffer is not called locked (the bench would report pinned copies). */
-    int locked = !use_cuda && mlock(ptr, size) == 0;
+     * buffer is not locked, nor called locked (the bench would report
+     * pinned copies). */
+    int lock = !use_cuda;
+    size_t align = lock ? lock_granule() : HOST_ALIGN;
+    if (lock)
+        size = round_up(size, align);
+    void *ptr = NULL;
+    if (size == 0 || posix_memalign(&ptr, align, size) != 0)
+        return CASTOR_NOMEM;
+    memset(ptr, 0, size);
+    int locked = lock && mlock(ptr, size) == 0;
     *buf = (castor__host_buf){ptr, bytes, HOW_ALIGNED, locked};
     return CASTOR_OK;
 }
@@ -69,7 +91,7 @@ void castor__host_free(castor__host_buf *buf)
 #endif
     case HOW_ALIGNED:
         if (buf->locked)
-            munlock(buf->ptr, real_bytes(buf->bytes));
+            munlock(buf->ptr, round_up(real_bytes(buf->bytes), lock_granule()));
         free(buf->ptr);
         break;
     default:

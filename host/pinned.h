@@ -2,7 +2,9 @@
  * Page-locked host memory for the master variables and the staging buffers.
  *
  * With use_cuda, the memory comes from cudaHostAlloc (so device copies run at
- * full PCIe speed); otherwise it is 64-byte aligned memory locked with mlock.
+ * full PCIe speed); otherwise it is memory of whole pages of its own (a
+ * page shared with another buffer would be unlocked when either is freed),
+ * locked with mlock.
  * When locking fails (RLIMIT_MEMLOCK, or CUDA could not pin it: then it is
  * not mlock'd either, which CUDA would not count) the buffer is still
  * returned, unlocked, with locked = 0 so the caller can warn.

@@ -3,10 +3,12 @@
  * works on).
  */
 #include <criterion/criterion.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -302,3 +304,46 @@ Test(pinned, impossible_size_is_nomem)
     cr_assert_null(buf.ptr);
 }
 #endif
+
+/* Whether the page holding p is in a locked mapping ("lo" among the
+ * VmFlags of its /proc/self/smaps entry); -1 when smaps cannot tell. */
+static int page_locked(const void *p)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f)
+        return -1;
+    uintptr_t addr = (uintptr_t)p, start, end;
+    int in_range = 0, result = -1;
+    char line[512];
+    while (result < 0 && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " ", &start, &end) == 2 &&
+            strchr(line, '-') < strchr(line, ' '))
+            in_range = addr >= start && addr < end;
+        else if (in_range && strncmp(line, "VmFlags:", 8) == 0)
+            result = strstr(line, " lo") != NULL;
+    }
+    fclose(f);
+    return result;
+}
+
+/* mlock and munlock work on whole pages, and a page's lock is not counted:
+ * freeing a buffer that shared a page with another unlocked the other's
+ * page, while it still said locked. */
+Test(pinned, freeing_a_buffer_keeps_its_neighbours_locked)
+{
+    enum { N = 16, BYTES = 200 };
+    castor__host_buf bufs[N];
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(castor__host_alloc(&bufs[i], BYTES, 0), CASTOR_OK);
+    for (int i = 0; i < N; i++)
+        if (!bufs[i].locked || page_locked(bufs[i].ptr) != 1)
+            cr_skip_test("buffer %d is not page-locked here (ulimit -l?)", i);
+    for (int i = 0; i < N; i += 2)
+        castor__host_free(&bufs[i]);
+    for (int i = 1; i < N; i += 2) {
+        const char *p = bufs[i].ptr;
+        cr_assert_eq(page_locked(p), 1, "buffer %d's first page was unlocked", i);
+        cr_assert_eq(page_locked(p + BYTES - 1), 1, "buffer %d's last page was unlocked", i);
+        castor__host_free(&bufs[i]);
+    }
+}
