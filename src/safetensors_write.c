@@ -160,14 +160,6 @@ static int build_header(const char *path, const castor__st_out *tensors, size_t 
     return CASTOR_OK;
 }
 
-/* Creates tmp, whose last 6 bytes (after plen + 5 bytes of "PATH.tmp.") are
- * replaced by random letters and digits, as mkostemp would; but with
- * open(O_CREAT | O_EXCL, mode), so that the kernel applies the umask (or the
- * directory's default ACL) to mode, as for any file a program creates.
- * (mkostemp makes 0600; reading the umask to fchmod after is racy, umask()
- * sets it process-wide, or Linux-only, /proc/self/status, and blind to
- * default ACLs.) Returns the descriptor, or -1 with errno. */
-
 int castor__st_write(const char *path, const castor__st_out *tensors, size_t n_tensors,
                      const castor__st_kv *meta, size_t n_meta, char *err, size_t errlen)
 {

@@ -110,7 +110,6 @@ static void sweep_calls(const fault_scenario *sc)
                               "%s: message '%s'", what, castor_model_errmsg(m));
                     cr_assert_eq(castor_model_step(m), step0, "%s: step moved", what);
                     fault_assert_nothing_queued(s, what);
-                fault_assert_nothing_queued(s, what);
                     if (m->inconsistent) {
                         cr_assert(a == ACT_SET || a == ACT_LOAD, "%s: inconsistent", what);
                         cr_assert_eq(castor_model_set_params(m, before, np), CASTOR_OK,
