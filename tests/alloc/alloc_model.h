@@ -71,6 +71,9 @@ void am_snap_free(am_snap *s);
 /* The variables (malloc'd), and the check that a model holds want's. */
 float *am_params(castor_model *m);
 void am_assert_params(castor_model *m, const float *want, const char *what);
+/* The sweep's first round (nothing failed) records m's variables in *want;
+ * every later round must end with the same ones (what: after what). */
+void am_same_as_first_round(castor_model *m, float **want, const char *what);
 
 /* After a failed call: no replica has work left queued (it would run later
  * over buffers the next call uses). */

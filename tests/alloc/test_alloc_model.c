@@ -169,10 +169,7 @@ static void compile_check(void *arg, int rc)
     }
     cr_assert_eq(am_fit(st->m, st->train, NULL, 1), CASTOR_OK, "%s: fit: %s", alloc_where(),
                  castor_model_errmsg(st->m));
-    if (alloc_first_round())
-        st->want = am_params(st->m);
-    else
-        am_assert_params(st->m, st->want, "one step after the compile");
+    am_same_as_first_round(st->m, &st->want, "one step after the compile");
 }
 
 static void compile_teardown(void *arg)

@@ -134,10 +134,7 @@ static void check_fit(state *st, int rc)
                      "%s: the rest of the fit: %s", alloc_where(), castor_model_errmsg(st->m));
     cr_assert_eq(castor_model_step(st->m), st->steps0 + AM_STEPS, "%s", alloc_where());
     cr_assert_eq(castor_model_epoch(st->m), st->epochs0 + AM_EPOCHS, "%s", alloc_where());
-    if (alloc_first_round())
-        st->want = am_params(st->m);
-    else
-        am_assert_params(st->m, st->want, "after the fit");
+    am_same_as_first_round(st->m, &st->want, "after the fit");
 }
 
 static void check(void *arg, int rc)
