@@ -53,6 +53,31 @@ Test(cpu_device, copies_really_copy)
     free(back);
 }
 
+/* cudaMalloc leaves memory as it was: zeros on a fresh context, a freed
+ * buffer's bytes later. A replica that read memory before writing it would
+ * see plausible zeros on a fresh emulated device (large allocations are
+ * fresh pages): here it reads NaNs (and -1 as a label). */
+Test(cpu_device, new_memory_is_not_cleared_as_cudaMalloc_memory_is_not)
+{
+    size_t n = (size_t)1 << 18;  /* 1 MiB: fresh zeroed pages from the system */
+    float *d = cpu_dalloc(n * sizeof(float));
+    float *got = cpu_down(d, n);
+    for (size_t i = 0; i < n; i++)
+        cr_assert(isnan(got[i]), "element %zu of new device memory is %g", i, (double)got[i]);
+    free(got);
+    cpu_release(d, n);
+
+    /* A buffer freed and allocated again does not keep what was written. */
+    float *small = cpu_up((float[4]){1, 2, 3, 4}, 4);
+    cpu_release(small, 4);
+    int32_t *labels = cpu_dalloc(4 * sizeof(int32_t)), back[4];
+    cr_assert_eq(cdev_copy_d2h(cpu_dev, CDEV_STREAM_D2H, back, labels, sizeof back), CASTOR_OK);
+    cr_assert_eq(cpu_dev->iface->synchronize(cpu_dev), CASTOR_OK, "%s", cpu_dev->errmsg);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(back[i], -1, "label %d of new device memory is %d", i, (int)back[i]);
+    castor__cdev_free(cpu_dev, labels, sizeof back);
+}
+
 Test(cpu_device, streams_and_events)
 {
     cdev_event *ev = NULL;

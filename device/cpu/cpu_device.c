@@ -59,12 +59,20 @@ static int cpu_alloc(cdev *dev, size_t bytes, void **d_out)
         return castor__cdev_fail(dev, CASTOR_DEVICE_MEMORY, "%s: %zu bytes cannot be allocated",
                                  dev->name, bytes);
     size_t rounded = (bytes + 63) / 64 * 64;
-    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    if (!rounded)
+        rounded = 64;
+    void *p = aligned_alloc(64, rounded);
     if (!p)
         return castor__cdev_fail(dev, CASTOR_NOMEM,
                                  "%s: host memory for %zu bytes of emulated device memory is not "
                                  "available",
                                  dev->name, bytes);
+    /* cudaMalloc does not clear memory: a new buffer holds what the GPU
+     * held there (zeros in a fresh context, often a freed buffer's bytes
+     * later), whereas a large aligned_alloc is fresh zeroed pages. Filled
+     * with 0xff bytes (NaN as float32, -1 as a label), a read of memory
+     * that nothing has written gives NaNs here, not zeros that look right. */
+    memset(p, 0xff, rounded);
     *d_out = p;
     return CASTOR_OK;
 }
