@@ -1065,6 +1065,41 @@ else
         "$(tail -n 3 "$T/err"; ls -la "$ID" 2>&1)"
 fi
 
+# ---- a file size limit does not kill a run mid-write -------------------------------------------
+# default_signals [--broken-stderr] CMD...: exec CMD with SIGPIPE and SIGXFSZ
+# at their default action, as a shell or a job system starts it (whatever
+# runs this script may have them ignored, and ignored they stay across exec,
+# hiding what they do); with --broken-stderr, stderr is a pipe whose reader
+# is gone. Run it in a subshell or in the background: it execs.
+default_signals() {
+    exec python3 -c '
+import os, signal, sys
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+args = sys.argv[1:]
+if args[0] == "--broken-stderr":
+    r, w = os.pipe()
+    os.close(r)
+    os.dup2(w, 2)
+    os.close(w)
+    args = args[1:]
+os.execv(args[0], args)' "$@"
+}
+# A checkpoint over the file size limit (RLIMIT_FSIZE, ulimit -f: 64 KiB here,
+# a checkpoint 100 KB) fails to write and the run says so (SIGXFSZ killed it
+# mid-write: status 153, no message, the temporary file left behind).
+(ulimit -f 64 && default_signals "$BIN" "${TRAIN[@]}" --devices cpu:2 --epochs 2 --batch 64 \
+    --checkpoint-dir "$T/ck-fsize" --quiet) >"$T/out" 2>"$T/err"
+rc=$?
+if [[ $rc -eq 1 && $(lines "$T/err") -eq 1 ]] &&
+    grep -q '^castor: cannot write the checkpoint .*-000000000008.safetensors: .*File too large' \
+        "$T/err" && [[ -z "$(find "$T/ck-fsize" -name '*.tmp.*' 2>/dev/null)" ]]; then
+    ok "a checkpoint over the file size limit -> 1, no temporary file: $(head -c 80 "$T/err")"
+else
+    bad "a checkpoint over the file size limit: status $rc" \
+        "$(cat "$T/err"; ls -la "$T/ck-fsize" 2>&1)"
+fi
+
 # ---- --resume that cannot work: one line, the right status, nothing on disk changed ----------
 mkdir -p "$T/ck-empty" "$T/ck-bad"
 cp "$SAVED" "$T/ck-bad/ckpt-000000000001.safetensors"

@@ -1,6 +1,7 @@
 /* castor: the program's entry point, which hands over to a subcommand. */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -158,6 +159,11 @@ static int fill_closed_std_fds(void)
 int main(int argc, char **argv)
 {
     int stdout_closed = fill_closed_std_fds();
+    /* A write past the file size limit (RLIMIT_FSIZE: ulimit -f, a job
+     * system's) raises SIGXFSZ, which kills by default: mid-checkpoint, with
+     * no message and the temporary file left behind. Ignored, the write
+     * fails with EFBIG, which the file's writer reports and cleans up. */
+    signal(SIGXFSZ, SIG_IGN);
     int rc = dispatch(argc, argv);
     /* Whatever a command printed (help, a version, a table) must have
      * reached stdout: a full disk, a closed pipe or a closed stdout is a
