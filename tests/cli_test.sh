@@ -1065,7 +1065,7 @@ else
         "$(tail -n 3 "$T/err"; ls -la "$ID" 2>&1)"
 fi
 
-# ---- a file size limit does not kill a run mid-write -------------------------------------------
+# ---- a file size limit or a log pipe that goes away does not kill a run ----------------------
 # default_signals [--broken-stderr] CMD...: exec CMD with SIGPIPE and SIGXFSZ
 # at their default action, as a shell or a job system starts it (whatever
 # runs this script may have them ignored, and ignored they stay across exec,
@@ -1098,6 +1098,35 @@ if [[ $rc -eq 1 && $(lines "$T/err") -eq 1 ]] &&
 else
     bad "a checkpoint over the file size limit: status $rc" \
         "$(cat "$T/err"; ls -la "$T/ck-fsize" 2>&1)"
+fi
+# stderr a pipe nobody reads any more (castor train ... 2>&1 | tee log, and tee
+# gone, ended by the same Ctrl-C say): the run goes on to keep its checkpoints
+# and --save, and a signal still ends it with 143 and a checkpoint (SIGPIPE
+# killed it at the first epoch line: no checkpoint, no model, status 141).
+(default_signals --broken-stderr "$BIN" "${TRAIN[@]}" --devices cpu:2 --epochs 2 --batch 64 \
+    --checkpoint-dir "$T/ck-pipe" --save "$T/pipe.safetensors" --json) >"$T/out"
+rc=$?
+if [[ $rc -eq 0 && -s "$T/pipe.safetensors" && $(newest_step "$T/ck-pipe") -eq 16 ]] &&
+    tail -n 1 "$T/out" | grep -q '"global_step":16,'; then
+    ok "stderr a broken pipe: the run ends, its checkpoints and --save written"
+else
+    bad "stderr a broken pipe: status $rc" \
+        "$(ls -la "$T/ck-pipe" "$T/pipe.safetensors" 2>&1)"
+fi
+default_signals --broken-stderr "$BIN" "${TRAIN[@]}" --devices cpu:2 --epochs 100000 --batch 8 \
+    --checkpoint-dir "$T/ck-pipe-term" --checkpoint-every 64 >/dev/null &
+BGPID=$!
+reached() { [[ $(newest_step "$1") -ge $2 ]]; } # reached DIR STEP: a checkpoint that far
+wait_for "$BGPID" reached "$T/ck-pipe-term" 64
+kill -TERM "$BGPID" 2>/dev/null
+wait "$BGPID"
+rc=$?
+BGPID=""
+if [[ $rc -eq 143 && $(newest_step "$T/ck-pipe-term") -ge 64 ]]; then
+    ok "stderr a broken pipe, SIGTERM -> 143, a checkpoint of step $(newest_step "$T/ck-pipe-term")"
+else
+    bad "stderr a broken pipe, SIGTERM: status $rc, newest step $(newest_step "$T/ck-pipe-term")" \
+        "$(ls -la "$T/ck-pipe-term" 2>&1)"
 fi
 
 # ---- --resume that cannot work: one line, the right status, nothing on disk changed ----------

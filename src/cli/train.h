@@ -97,7 +97,7 @@ int train_resume(train_run *r);
 
 /* ---- train_ckpt.c ---- */
 
-/* SIGINT/SIGTERM stop training after the current step. */
+/* SIGINT/SIGTERM stop training after the current step; SIGPIPE is ignored. */
 void train_install_stop_handlers(void);
 /* The signal that asked to stop, or 0. */
 int train_stop_signal(void);

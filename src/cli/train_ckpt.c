@@ -72,6 +72,11 @@ void train_install_stop_handlers(void)
     sa.sa_flags = SA_RESTART;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    /* A log pipe whose reader is gone (2>&1 | tee log, tee ended by the same
+     * Ctrl-C) would kill us at the next progress line, before the checkpoint
+     * that keeps the run; ignored, the line is lost (EPIPE) and the run goes
+     * on. A closed stdout still fails the run when the results are printed. */
+    signal(SIGPIPE, SIG_IGN);
     /* A blocked signal mask survives exec: a launcher (a CI runner, a job
      * system) may start us with SIGINT blocked, and then the handler would
      * never run. Threads made later inherit this mask. */
