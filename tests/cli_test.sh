@@ -821,6 +821,29 @@ else
     bad "resume into its own --checkpoint-dir: status $rc" "$(names "$CK/sub/dir"; cat "$T/err")"
 fi
 
+# Two runs into one --checkpoint-dir at once: the second is refused while the
+# first runs (both saw it empty, and wrote the same names over each other: the
+# first's summary named as its newest checkpoint a file of the second's).
+LD="$T/ck-locked"
+: >"$T/lock.err"
+"$BIN" "${TRAIN[@]}" --devices cpu --batch 8 --epochs 100000 --checkpoint-dir "$LD" \
+    --checkpoint-every 1000000 >/dev/null 2>"$T/lock.err" &
+BGPID=$!
+wait_for "$BGPID" grep -q '^epoch 1/' "$T/lock.err"
+expect_error 1 "a second run into a --checkpoint-dir in use" "${TRAIN[@]}" --seed 2 --epochs 1 \
+    --batch 64 --checkpoint-dir "$LD"
+grep -q -- "--checkpoint-dir $LD is in use by another castor train" "$T/err" ||
+    bad "the error does not say the directory is in use" "$(cat "$T/err")"
+kill -TERM "$BGPID" 2>/dev/null
+wait "$BGPID"
+rc=$?
+BGPID=""
+if [[ $rc -eq 143 && "$(names "$LD")" =~ ^ckpt-[0-9]{12}\.safetensors\ $ ]]; then
+    ok "the first run went on alone: its checkpoint $(names "$LD")alone in the directory"
+else
+    bad "the first run into a --checkpoint-dir in use: status $rc" "$(names "$LD"; cat "$T/lock.err")"
+fi
+
 # ---- kill -9 part-way, resume, and compare with a run never interrupted ---------------------------
 # same_tensors A B: the two safetensors files hold the same tensors, byte for
 # byte, at the same step (read by the documented layout: 8-byte little-endian

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -96,6 +97,19 @@ int cli_ckpt_newest(const char *dir, char *buf, size_t size, int64_t *step_out, 
     if (step_out)
         *step_out = best;
     return best >= 0 ? 1 : 0;
+}
+
+int cli_ckpt_lock(const char *dir, int *fd, char *err, size_t errlen)
+{
+    *fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (*fd < 0)
+        return fail(err, errlen, "%s: %s", dir, strerror(errno));
+    if (flock(*fd, LOCK_EX | LOCK_NB) == 0)
+        return 1;
+    int held = errno == EWOULDBLOCK;
+    close(*fd);
+    *fd = -1;
+    return held ? 0 : 1;
 }
 
 static int by_name(const void *a, const void *b)

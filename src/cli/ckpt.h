@@ -37,6 +37,15 @@ int cli_ckpt_path(char *buf, size_t size, const char *dir, int64_t step);
 int cli_ckpt_newest(const char *dir, char *buf, size_t size, int64_t *step, char *err,
                     size_t errlen);
 
+/* Hold DIR for this process until it exits: an exclusive flock(2) on the
+ * directory itself, so that no file of ours appears in it. Two runs writing
+ * into one directory would overwrite each other's checkpoints (the same
+ * step, the same name) and prune each other's as their own. Returns 1 with
+ * the descriptor to keep open in *fd, 0 when another process holds DIR, -1
+ * when DIR cannot be opened (err says why). A filesystem that cannot lock
+ * gives 1 and *fd = -1: no worse than without the lock. */
+int cli_ckpt_lock(const char *dir, int *fd, char *err, size_t errlen);
+
 /* Delete all but the newest `keep` checkpoints named as cli_ckpt_path names
  * them, never the file `spare` (the one just written). Returns the number
  * deleted, or -1 (err says which could not be). */

@@ -339,6 +339,20 @@ static int prepare_outputs(train_run *r)
                        strerror(errno));
             return CLI_EXIT_RUNTIME;
         }
+        /* Before looking at what it holds: a run starting beside us sees
+         * the same empty directory. */
+        int free_dir = cli_ckpt_lock(r->o.checkpoint_dir, &r->ckpt_dir_lock, err, sizeof err);
+        if (free_dir < 0) {
+            cli_errorf("--checkpoint-dir %s", err);
+            return CLI_EXIT_RUNTIME;
+        }
+        if (!free_dir) {
+            cli_errorf("--checkpoint-dir %s is in use by another castor train, whose checkpoints "
+                       "this run would overwrite and prune: give another directory, or resume "
+                       "there once that run has ended",
+                       r->o.checkpoint_dir);
+            return CLI_EXIT_RUNTIME;
+        }
         if ((rc = check_checkpoint_dir(r)) != 0)
             return rc;
     }
@@ -446,6 +460,8 @@ static void train_run_free(train_run *r)
     castor_dataset_free(r->test);
     castor_dataset_free(r->train);
     castor_strategy_free(r->strategy);
+    if (r->ckpt_dir_lock >= 0)
+        close(r->ckpt_dir_lock);
 }
 
 int castor_cli_train(int argc, char **argv)
@@ -455,6 +471,7 @@ int castor_cli_train(int argc, char **argv)
     run.val_loss = NAN;
     run.val_accuracy = NAN;
     run.last_ckpt_step = -1;
+    run.ckpt_dir_lock = -1;
 
     int rc = train_parse_args(&run.o, argc, argv);
     if (rc >= 0)

@@ -69,6 +69,7 @@ typedef struct train_run {
     int64_t last_ckpt_step;   /* -1: none yet */
     char last_ckpt[CLI_PATH_MAX];
     char ckpt_dir_made[CLI_PATH_MAX]; /* the topmost directory made for --checkpoint-dir */
+    int ckpt_dir_lock;        /* --checkpoint-dir held (cli_ckpt_lock); -1: not */
     char ckpt_error[CLI_PATH_MAX + 1024]; /* a failed write, reported after fit stops */
     int saved;                /* --save written */
 } train_run;

@@ -102,7 +102,8 @@ static const cli_flag train_flags[F_COUNT + 1] = {
                           "created if missing) every --checkpoint-every, at the end of\n"
                           "training, and when SIGINT or SIGTERM stops it after a step;\n"
                           "DIR may hold no checkpoints but this run's own past (resumed\n"
-                          "with --resume)"},
+                          "with --resume), and one run at a time writes into it: another\n"
+                          "one given DIR meanwhile is refused"},
     [F_CHECKPOINT_EVERY] = {"checkpoint-every", "N|epoch", "epoch",
                             "a checkpoint every N optimizer steps (1 to 2147483647), or at\n"
                             "the end of every epoch (needs --checkpoint-dir)"},
