@@ -180,6 +180,9 @@ void castor_cli_train_usage(FILE *out)
             "SIGINT or SIGTERM stops training after the current step; castor writes a\n"
             "checkpoint if --checkpoint-dir is set and a step was trained, says where\n"
             "(or where --save wrote the model), and exits with status 130 or 143.\n"
+            "A second signal ends castor at once, writing nothing more: the steps since\n"
+            "the newest checkpoint are lost (one that comes while a checkpoint or --save\n"
+            "is being written takes effect once that file is whole).\n"
             "Exit status 1: the run failed; 2: a flag is wrong, or\n"
             "the data, a checkpoint or --checkpoint-dir does not fit the flags.\n");
 }
