@@ -820,6 +820,24 @@ if [[ $rc -eq 0 && "$(names "$CK/sub/dir")" == "ckpt-000000000020.safetensors ck
 else
     bad "resume into its own --checkpoint-dir: status $rc" "$(names "$CK/sub/dir"; cat "$T/err")"
 fi
+# The temporary file of a write cut short (kill -9 or a power cut mid-checkpoint)
+# is removed by the next run into the directory, which holds it (it stayed for
+# good: a checkpoint's size at each such kill); names merely like it stay.
+SD2="$T/ck-stale"
+run "${TRAIN[@]}" --devices cpu:2 --epochs 1 --batch 64 --quiet --checkpoint-dir "$SD2"
+head -c 5000 "$SD2/ckpt-000000000008.safetensors" >"$SD2/ckpt-000000000012.safetensors.tmp.Ab3xYz"
+for other in ckpt-000000000012.safetensors.tmp.notes ckpt-12.safetensors.tmp.Ab3xYz notes.tmp.Ab3xYz
+do
+    echo keep >"$SD2/$other"
+done
+run "${TRAIN[@]}" --devices cpu:2 --epochs 2 --quiet --resume "$SD2" --checkpoint-dir "$SD2"
+want="ckpt-000000000008.safetensors ckpt-000000000012.safetensors.tmp.notes"
+want="$want ckpt-000000000016.safetensors ckpt-12.safetensors.tmp.Ab3xYz notes.tmp.Ab3xYz "
+if [[ $rc -eq 0 && "$(names "$SD2")" == "$want" ]]; then
+    ok "a resumed run removes the temporary file a killed write left, and no other file"
+else
+    bad "a killed write's temporary file: status $rc" "$(names "$SD2"; cat "$T/err")"
+fi
 
 # Two runs into one --checkpoint-dir at once: the second is refused while the
 # first runs (both saw it empty, and wrote the same names over each other: the

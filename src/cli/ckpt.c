@@ -112,6 +112,45 @@ int cli_ckpt_lock(const char *dir, int *fd, char *err, size_t errlen)
     return held ? 0 : 1;
 }
 
+/* Whether name is a checkpoint's temporary file: a name cli_ckpt_path gives,
+ * then ".tmp." and the six characters src/atomic_file.c picks. */
+static int is_stale_name(const char *name)
+{
+    static const char tmp[] = ".tmp.";
+    size_t len = strlen(name), base = strlen(CKPT_PREFIX) + CKPT_DIGITS + strlen(CKPT_SUFFIX);
+    if (len != base + strlen(tmp) + 6 || strncmp(name + base, tmp, strlen(tmp)) != 0)
+        return 0;
+    char ckpt[64];
+    memcpy(ckpt, name, base);
+    ckpt[base] = '\0';
+    if (name_step(ckpt, 1) < 0)
+        return 0;
+    for (const char *c = name + base + strlen(tmp); *c; c++)
+        if (!((*c >= 'A' && *c <= 'Z') || (*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9')))
+            return 0;
+    return 1;
+}
+
+int cli_ckpt_remove_stale(const char *dir, char *err, size_t errlen)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return fail(err, errlen, "%s: %s", dir, strerror(errno));
+    int rc = 0, deleted = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!is_stale_name(e->d_name) || !is_regular(dirfd(d), e->d_name))
+            continue;
+        if (unlinkat(dirfd(d), e->d_name, 0) != 0 && errno != ENOENT)
+            rc = fail(err, errlen, "cannot delete %s%s%s, left by a checkpoint write cut short: %s",
+                      dir, dir_sep(dir), e->d_name, strerror(errno));
+        else
+            deleted++;
+    }
+    closedir(d);
+    return rc ? rc : deleted;
+}
+
 static int by_name(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);

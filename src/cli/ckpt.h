@@ -46,6 +46,13 @@ int cli_ckpt_newest(const char *dir, char *buf, size_t size, int64_t *step, char
  * gives 1 and *fd = -1: no worse than without the lock. */
 int cli_ckpt_lock(const char *dir, int *fd, char *err, size_t errlen);
 
+/* Delete the temporary files that writes of checkpoints cut short (kill -9,
+ * a power cut) left in DIR: ckpt-<12 digits>.safetensors.tmp.<6 letters or
+ * digits>, the names the library's atomic writer gives them. Only for a
+ * DIR held with cli_ckpt_lock, where no write of ours is in progress.
+ * Returns the number deleted, or -1 (err says which could not be). */
+int cli_ckpt_remove_stale(const char *dir, char *err, size_t errlen);
+
 /* Delete all but the newest `keep` checkpoints named as cli_ckpt_path names
  * them, never the file `spare` (the one just written). Returns the number
  * deleted, or -1 (err says which could not be). */

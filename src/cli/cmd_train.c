@@ -355,6 +355,14 @@ static int prepare_outputs(train_run *r)
         }
         if ((rc = check_checkpoint_dir(r)) != 0)
             return rc;
+        /* Ours now, and this run's past: what a killed write left is
+         * garbage the size of a checkpoint, and would pile up. */
+        int stale = cli_ckpt_remove_stale(r->o.checkpoint_dir, err, sizeof err);
+        if (stale < 0)
+            fprintf(stderr, "castor: warning: %s\n", err);
+        else if (stale > 0)
+            train_note(r, "removed %d temporary file%s of checkpoint writes cut short from %s",
+                       stale, stale == 1 ? "" : "s", r->o.checkpoint_dir);
     }
     return 0;
 }

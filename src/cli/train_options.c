@@ -109,8 +109,10 @@ static const cli_flag train_flags[F_COUNT + 1] = {
                             "the end of every epoch (needs --checkpoint-dir)"},
     [F_KEEP] = {"keep", "K", "3",
                 "keep the newest K checkpoints in --checkpoint-dir, 1 to 1000000: older\n"
-                "ckpt-<12 digits>.safetensors are deleted once a newer one is written;\n"
-                "other files are never touched"},
+                "ckpt-<12 digits>.safetensors are deleted once a newer one is written,\n"
+                "and the temporary files (ckpt-<12 digits>.safetensors.tmp.XXXXXX) of\n"
+                "writes cut short (kill -9) when a run starts; other files are never\n"
+                "touched"},
     [F_RESUME] = {"resume", "DIR|FILE", NULL,
                   "continue from a checkpoint: FILE, or the newest ckpt-*.safetensors in\n"
                   "DIR (see 'Resuming' below)"},
