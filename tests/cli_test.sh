@@ -1179,6 +1179,10 @@ expect_error 1 "--resume an empty directory" "${TRAIN[@]}" --resume "$T/ck-empty
 expect_error 1 "--resume a missing path" "${TRAIN[@]}" --resume "$T/no-such-dir"
 expect_error 1 "--resume DIR whose newest checkpoint is truncated" "${TRAIN[@]}" --resume "$T/ck-bad" \
     --checkpoint-dir "$T/ck-new" --save "$T/never.safetensors"
+# ... says how to go on from the one before (it gave the reason alone, and
+# --resume of the older one into DIR is refused while a newer one is there)
+grep -q "(to resume from the checkpoint before it, $T/ck-bad/ckpt-000000000001.safetensors, move \
+this one out of $T/ck-bad)\$" "$T/err" || bad "the error does not say how to go on" "$(cat "$T/err")"
 expect_error 1 "--resume a truncated FILE" "${TRAIN[@]}" --resume "$T/truncated.safetensors"
 expect_error 1 "--resume an IDX file" "${TRAIN[@]}" --resume "$DATA/t10k-labels-idx1-ubyte.gz"
 expect_error 2 "--resume with conflicting --layers" "${TRAIN[@]}" --layers 64:relu,10 \

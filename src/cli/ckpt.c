@@ -77,6 +77,12 @@ static int is_regular(int dfd, const char *name)
 int cli_ckpt_newest(const char *dir, char *buf, size_t size, int64_t *step_out, char *err,
                     size_t errlen)
 {
+    return cli_ckpt_newest_before(dir, INT64_MAX, buf, size, step_out, err, errlen);
+}
+
+int cli_ckpt_newest_before(const char *dir, int64_t before, char *buf, size_t size,
+                           int64_t *step_out, char *err, size_t errlen)
+{
     DIR *d = opendir(dir);
     if (!d)
         return fail(err, errlen, "%s: %s", dir, strerror(errno));
@@ -84,7 +90,7 @@ int cli_ckpt_newest(const char *dir, char *buf, size_t size, int64_t *step_out, 
     struct dirent *e;
     while ((e = readdir(d))) {
         int64_t step = name_step(e->d_name, 0);
-        if (step <= best || !is_regular(dirfd(d), e->d_name))
+        if (step <= best || step >= before || !is_regular(dirfd(d), e->d_name))
             continue;
         int n = snprintf(buf, size, "%s%s%s", dir, dir_sep(dir), e->d_name);
         if (n < 0 || (size_t)n >= size) {

@@ -36,6 +36,9 @@ int cli_ckpt_path(char *buf, size_t size, const char *dir, int64_t step);
  * step is not NULL), 0 when there is none, -1 when DIR cannot be read. */
 int cli_ckpt_newest(const char *dir, char *buf, size_t size, int64_t *step, char *err,
                     size_t errlen);
+/* The same among the checkpoints of a step below `before`. */
+int cli_ckpt_newest_before(const char *dir, int64_t before, char *buf, size_t size,
+                           int64_t *step, char *err, size_t errlen);
 
 /* Hold DIR for this process until it exits: an exclusive flock(2) on the
  * directory itself, so that no file of ours appears in it. Two runs writing

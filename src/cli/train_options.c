@@ -115,7 +115,8 @@ static const cli_flag train_flags[F_COUNT + 1] = {
                 "touched"},
     [F_RESUME] = {"resume", "DIR|FILE", NULL,
                   "continue from a checkpoint: FILE, or the newest ckpt-*.safetensors in\n"
-                  "DIR (see 'Resuming' below)"},
+                  "DIR, which when damaged is an error, not passed over for an older one\n"
+                  "(see 'Resuming' below)"},
     [F_JSON] = {"json", NULL, NULL,
                 "print the results as one JSON object, the last line of stdout"},
     [F_QUIET] = {"quiet", NULL, NULL,

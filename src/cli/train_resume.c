@@ -117,9 +117,10 @@ int train_resume(train_run *r)
         cli_errorf("--resume %s: %s", from, strerror(errno));
         return CLI_EXIT_RUNTIME;
     }
+    int64_t newest_step = -1;
     if (S_ISDIR(st.st_mode)) {
-        int found = cli_ckpt_newest(from, r->resumed_from, sizeof r->resumed_from, NULL, err,
-                                    sizeof err);
+        int found = cli_ckpt_newest(from, r->resumed_from, sizeof r->resumed_from, &newest_step,
+                                    err, sizeof err);
         if (found < 0) {
             cli_errorf("--resume %s", err);
             return CLI_EXIT_RUNTIME;
@@ -138,8 +139,17 @@ int train_resume(train_run *r)
 
     int rc = castor_model_open(&r->model, path, r->strategy);
     if (rc != CASTOR_OK) {
-        cli_errorf("--resume %s: %s", path,
-                   cli_why(cli_about_file(castor_model_errmsg(r->model), path), rc));
+        /* A damaged newest checkpoint is a dead end for --resume DIR, and
+         * --resume of an older one into DIR is refused while it is there:
+         * say what to do. */
+        char before[CLI_PATH_MAX], hint[CLI_PATH_MAX + 128] = "";
+        if ((rc == CASTOR_FORMAT || rc == CASTOR_IO) && newest_step > 0 &&
+            cli_ckpt_newest_before(from, newest_step, before, sizeof before, NULL, err,
+                                   sizeof err) == 1)
+            snprintf(hint, sizeof hint, " (to resume from the checkpoint before it, %s, move "
+                     "this one out of %s)", before, from);
+        cli_errorf("--resume %s: %s%s", path,
+                   cli_why(cli_about_file(castor_model_errmsg(r->model), path), rc), hint);
         return cli_exit_for(rc);
     }
     if (cli_ckpt_read_meta(path, &r->meta, err, sizeof err) != 0) {
