@@ -369,6 +369,8 @@ static int prepare_outputs(train_run *r)
 
 /* ---- phase 6: training --------------------------------------------------------------- */
 
+static int save(train_run *r);
+
 static int fit(train_run *r)
 {
     if (train_stop_signal())
@@ -421,6 +423,10 @@ static int fit(train_run *r)
     if (r->o.checkpoint_dir && r->last_ckpt_step != castor_model_step(r->model) &&
         train_write_checkpoint(r) != 0) {
         cli_errorf("%s", r->ckpt_error);
+        /* Training is over all the same: --save, perhaps on another disk,
+         * can still keep the trained model. */
+        if (r->o.save && save(r) == 0)
+            fprintf(stderr, "castor: the trained model is saved in %s\n", r->o.save);
         return CLI_EXIT_RUNTIME;
     }
     return 0;

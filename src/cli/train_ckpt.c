@@ -105,10 +105,15 @@ static int write_checkpoint(train_run *r)
     }
     int rc = train_save_whole(r->model, path);
     if (rc != CASTOR_OK) {
-        snprintf(r->ckpt_error, sizeof r->ckpt_error,
-                 "cannot write the checkpoint %s: %s (training stopped at step %lld)", path,
-                 cli_why(cli_about_file(castor_model_errmsg(r->model), path), rc),
-                 (long long)step);
+        /* Only one written while fitting stops training early; at the end
+         * or on a signal it has stopped already. */
+        char stopped[64] = "";
+        if (!r->fitted)
+            snprintf(stopped, sizeof stopped, " (training stopped at step %lld)",
+                     (long long)step);
+        snprintf(r->ckpt_error, sizeof r->ckpt_error, "cannot write the checkpoint %s: %s%s",
+                 path, cli_why(cli_about_file(castor_model_errmsg(r->model), path), rc),
+                 stopped);
         return -1;
     }
     r->checkpoints++;
