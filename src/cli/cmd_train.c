@@ -347,6 +347,8 @@ static int prepare_outputs(train_run *r)
             return CLI_EXIT_RUNTIME;
         }
         if (!free_dir) {
+            /* Made by us perhaps, but the other run works in it now. */
+            r->ckpt_dir_made[0] = '\0';
             cli_errorf("--checkpoint-dir %s is in use by another castor train, whose checkpoints "
                        "this run would overwrite and prune: give another directory, or resume "
                        "there once that run has ended",
