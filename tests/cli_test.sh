@@ -1238,6 +1238,12 @@ for flag in "optimizer sgd" "lr 0.5" "seed 7" "loss mse"; do
         "--${flag/ /=}"
     if ! grep -q -- "--${flag%% *}" "$T/err"; then bad "the error does not name --${flag%% *}" "$(cat "$T/err")"; fi
 done
+# --optimizer with a flag of its own: the optimizer is what differs (it blamed
+# --momentum, which "applies to --optimizer sgd only", where --optimizer sgd was given)
+expect_error 2 "--resume an adam checkpoint with --optimizer sgd --momentum 0.9" "${TRAIN[@]}" \
+    --resume "$SAVED" --optimizer sgd --momentum 0.9
+grep -q -- "^castor: --optimizer sgd differs from the checkpoint .*, which has adam" "$T/err" ||
+    bad "the error does not name --optimizer" "$(cat "$T/err")"
 expect_error 2 "--resume with bad --layers" "${TRAIN[@]}" --layers 32:frob,10 --resume "$SAVED"
 # Without --optimizer the file's (adam) decides which flags mean something.
 for flag in "momentum 0" "nesterov" "weight-decay 0"; do

@@ -49,13 +49,17 @@ static int check_resume_flags(train_run *r)
             return CLI_EXIT_USAGE;
         }
     }
-    /* As for a fresh run (train_options.c), with the file's optimizer. */
-    if (strcmp(m->optimizer, "sgd") != 0 && (r->o.momentum_set || r->o.nesterov)) {
+    /* As for a fresh run (train_options.c), with the file's optimizer; unless
+     * --optimizer names another, which is then the flag to blame (below). */
+    int other_optimizer = r->o.optimizer_set &&
+                          strcmp(m->optimizer, castor_optimizer_kind_name(r->o.optimizer)) != 0;
+    if (!other_optimizer && strcmp(m->optimizer, "sgd") != 0 &&
+        (r->o.momentum_set || r->o.nesterov)) {
         cli_errorf("--%s applies to --optimizer sgd only, and the checkpoint %s is %s",
                    r->o.momentum_set ? "momentum" : "nesterov", f, m->optimizer);
         return CLI_EXIT_USAGE;
     }
-    if (strcmp(m->optimizer, "adamw") != 0 && r->o.weight_decay_set) {
+    if (!other_optimizer && strcmp(m->optimizer, "adamw") != 0 && r->o.weight_decay_set) {
         cli_errorf("--weight-decay applies to --optimizer adamw only, and the checkpoint %s is %s",
                    f, m->optimizer);
         return CLI_EXIT_USAGE;
