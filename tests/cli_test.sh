@@ -864,34 +864,39 @@ fi
 # A refused run does not take away the directory it made if the run that
 # holds it is another (both started at once: A made DIR, B locked it first; A
 # removed the empty DIR from under B, whose checkpoints then failed). Here A's
-# flock waits 1 s, long enough for B to start training in the DIR A made.
-cat >"$T/slowflock.c" <<'EOF2'
+# flock waits until the file $FLOCK_AFTER exists: until B trains in the DIR A made.
+cat >"$T/lateflock.c" <<'EOF2'
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 int flock(int fd, int op)
 {
     static int (*real)(int, int);
     if (!real)
         *(void **)&real = dlsym(RTLD_NEXT, "flock");
-    struct timespec pause = {1, 0};
-    nanosleep(&pause, NULL);
+    const char *after = getenv("FLOCK_AFTER");
+    struct timespec pause = {0, 10000000};
+    for (int i = 0; after && i < 2000 && access(after, F_OK) != 0; i++)
+        nanosleep(&pause, NULL);
     return real(fd, op);
 }
 EOF2
-if ${CC:-cc} -shared -fPIC -o "$T/slowflock.so" "$T/slowflock.c" -ldl 2>"$T/cc.err"; then
+if ${CC:-cc} -shared -fPIC -o "$T/lateflock.so" "$T/lateflock.c" -ldl 2>"$T/cc.err"; then
     LD="$T/ck-race/made"
     : >"$T/lock.err"
-    LD_PRELOAD="$T/slowflock.so" "$BIN" "${TRAIN[@]}" --epochs 1 --checkpoint-dir "$LD" \
-        >/dev/null 2>"$T/lock-a.err" &
+    FLOCK_AFTER="$T/b-trains" LD_PRELOAD="$T/lateflock.so" "$BIN" "${TRAIN[@]}" --epochs 1 \
+        --checkpoint-dir "$LD" >/dev/null 2>"$T/lock-a.err" &
     apid=$!
     wait_for "$apid" test -d "$LD"
     "$BIN" "${TRAIN[@]}" --devices cpu --batch 8 --epochs 100000 --checkpoint-dir "$LD" \
         --checkpoint-every 1000000 >/dev/null 2>"$T/lock.err" &
     BGPID=$!
+    wait_for "$BGPID" grep -q '^epoch 1/' "$T/lock.err"
+    touch "$T/b-trains"
     wait "$apid"
     arc=$?
-    wait_for "$BGPID" grep -q '^epoch 1/' "$T/lock.err"
     kill -TERM "$BGPID" 2>/dev/null
     wait "$BGPID"
     rc=$?
@@ -901,7 +906,7 @@ if ${CC:-cc} -shared -fPIC -o "$T/slowflock.so" "$T/slowflock.c" -ldl 2>"$T/cc.e
         ok "a run refused a --checkpoint-dir in use leaves it to the run that holds it"
     else
         bad "a run refused a --checkpoint-dir it made: status $arc, the other $rc" \
-            "$(cat "$T/lock-a.err" "$T/lock.err"; names "$LD")"
+            "$(cat "$T/lock-a.err"; grep -v '^epoch' "$T/lock.err"; names "$LD")"
     fi
 else
     bad "cc could not build the flock shim" "$(cat "$T/cc.err")"
