@@ -1009,6 +1009,15 @@ assert d["steps"] == 0 and d["global_step"] == 1920 and d["test_accuracy"] is no
     else
         bad "--resume a finished run: status $rc" "$(tail -n 1 "$T/out"; cat "$T/err")"
     fi
+    # ... on other replicas: no warning that "training continues but not bit
+    # for bit" (it warned so, of a run that trains nothing)
+    run "${TRAIN[@]}" --devices cpu:3 --batch 8 --epochs 1 --resume "$T/full.safetensors"
+    if [[ $rc -eq 0 && $(lines "$T/err") -eq 1 ]] &&
+        grep -q 'has done 30 epochs of --epochs 1: nothing left to train; evaluating$' "$T/err"; then
+        ok "--resume FILE with every epoch done, on other replicas: only says so"
+    else
+        bad "--resume a finished run on other replicas: status $rc" "$(cat "$T/err")"
+    fi
 fi
 
 # The summary counts in words that agree with the number ("1 steps" before).

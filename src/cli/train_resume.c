@@ -181,7 +181,9 @@ int train_resume(train_run *r)
             return rc;
         samples = castor_dataset_size(r->train);
     }
-    if (r->meta.step_in_epoch == 0 && had > 0 && (uint64_t)had != samples)
+    /* Nothing to train (fit says so): no warning of how it would go on. */
+    int trains = castor_model_epoch(r->model) < r->o.epochs;
+    if (trains && r->meta.step_in_epoch == 0 && had > 0 && (uint64_t)had != samples)
         fprintf(stderr, "castor: warning: %s trained its epochs on %lld samples; this run trains "
                         "on %zu\n",
                 path, (long long)had, samples);
@@ -219,7 +221,7 @@ int train_resume(train_run *r)
     if (r->o.loss == CASTOR_LOSS_MSE && (rc = train_mse_targets(r, path)) != 0)
         return rc;
 
-    if (!r->o.quiet && r->meta.strategy[0] &&
+    if (trains && !r->o.quiet && r->meta.strategy[0] &&
         (strcmp(r->meta.strategy, castor_strategy_kind_name(r->o.strategy)) != 0 ||
          (r->meta.replicas > 0 && r->meta.replicas != r->replicas)))
         fprintf(stderr,
@@ -230,7 +232,8 @@ int train_resume(train_run *r)
     /* OpenBLAS splits a GEMM's sums by thread: another count, another
      * rounding (as another strategy or replica count above). */
     int blas = cli_blas_threads_in_use(r->o.devices);
-    if (!r->o.quiet && r->meta.blas_threads > 0 && blas > 0 && blas != r->meta.blas_threads)
+    if (trains && !r->o.quiet && r->meta.blas_threads > 0 && blas > 0 &&
+        blas != r->meta.blas_threads)
         fprintf(stderr,
                 "castor: warning: %s was trained with %d OpenBLAS thread%s per GEMM; going on "
                 "with %d, training continues but not bit for bit as it would have "
