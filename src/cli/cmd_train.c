@@ -373,6 +373,16 @@ static int prepare_outputs(train_run *r)
 
 static int save(train_run *r);
 
+/* A checkpoint could not be written: the run fails. Where training was over
+ * all the same, --save, perhaps on another disk, still keeps the model. */
+static int checkpoint_failed(train_run *r)
+{
+    cli_errorf("%s", r->ckpt_error);
+    if (r->o.save && castor_model_epoch(r->model) >= r->o.epochs && save(r) == 0)
+        fprintf(stderr, "castor: the trained model is saved in %s\n", r->o.save);
+    return CLI_EXIT_RUNTIME;
+}
+
 static int fit(train_run *r)
 {
     if (train_stop_signal())
@@ -406,10 +416,8 @@ static int fit(train_run *r)
     r->fitted = 1;
     cli_progress_finish(&r->progress);
 
-    if (r->ckpt_error[0]) {
-        cli_errorf("%s", r->ckpt_error);
-        return CLI_EXIT_RUNTIME;
-    }
+    if (r->ckpt_error[0])
+        return checkpoint_failed(r);
     if (rc == CASTOR_INTERRUPTED && train_stop_signal())
         return train_report_interrupt(r);
     if (rc != CASTOR_OK) {
@@ -423,14 +431,8 @@ static int fit(train_run *r)
         return train_report_interrupt(r);
     /* The newest checkpoint is the trained model, whatever the period. */
     if (r->o.checkpoint_dir && r->last_ckpt_step != castor_model_step(r->model) &&
-        train_write_checkpoint(r) != 0) {
-        cli_errorf("%s", r->ckpt_error);
-        /* Training is over all the same: --save, perhaps on another disk,
-         * can still keep the trained model. */
-        if (r->o.save && save(r) == 0)
-            fprintf(stderr, "castor: the trained model is saved in %s\n", r->o.save);
-        return CLI_EXIT_RUNTIME;
-    }
+        train_write_checkpoint(r) != 0)
+        return checkpoint_failed(r);
     return 0;
 }
 

@@ -105,10 +105,10 @@ static int write_checkpoint(train_run *r)
     }
     int rc = train_save_whole(r->model, path);
     if (rc != CASTOR_OK) {
-        /* Only one written while fitting stops training early; at the end
-         * or on a signal it has stopped already. */
+        /* Only one written while fitting, with epochs to go, stops training
+         * early; at the end or on a signal it has stopped already. */
         char stopped[64] = "";
-        if (!r->fitted)
+        if (!r->fitted && castor_model_epoch(r->model) < r->o.epochs)
             snprintf(stopped, sizeof stopped, " (training stopped at step %lld)",
                      (long long)step);
         snprintf(r->ckpt_error, sizeof r->ckpt_error, "cannot write the checkpoint %s: %s%s",
