@@ -1290,6 +1290,19 @@ for target in /dev/null "$T/fifo"; do
 done
 rm -f "$T/fifo"
 expect_error 1 "--save into a missing directory" "${TRAIN[@]}" --epochs 1 --save "$T/no-such-dir/m.safetensors"
+# ... unless --checkpoint-dir makes it (it was refused: "the directory ... does
+# not exist", of the directory the run was about to make); a --save that still
+# cannot be written leaves no directory made for --checkpoint-dir behind.
+run "${TRAIN[@]}" --epochs 1 --batch 64 --quiet --checkpoint-dir "$T/out-new/ck" \
+    --save "$T/out-new/model.safetensors"
+if [[ $rc -eq 0 && -s "$T/out-new/model.safetensors" && -d "$T/out-new/ck" ]]; then
+    ok "--save into the directory that --checkpoint-dir makes"
+else
+    bad "--save into the directory that --checkpoint-dir makes: status $rc" "$(cat "$T/err")"
+fi
+expect_error 1 "--save into a missing directory, with --checkpoint-dir" "${TRAIN[@]}" --epochs 1 \
+    --checkpoint-dir "$T/out-gone/ck" --save "$T/out-gone/none/m.safetensors"
+[[ ! -e "$T/out-gone" ]] || bad "the directories made for --checkpoint-dir stayed" "$(ls -R "$T/out-gone")"
 # A file where its directory should be is named as that, not as a directory missing
 expect_error 1 "--save under a file" "${TRAIN[@]}" --epochs 1 --save "$SAVED/m.safetensors"
 if ! grep -q "$SAVED is not a directory" "$T/err" || grep -q 'does not exist' "$T/err"; then

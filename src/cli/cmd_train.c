@@ -278,6 +278,45 @@ static int prepare_outputs(train_run *r)
     if (rc)
         return rc;
     char err[CLI_PATH_MAX + 256];
+    /* --checkpoint-dir first: made here, it may be where --save goes. */
+    if (r->o.checkpoint_dir) {
+        /* Before any directory is made for it. */
+        char probe[CLI_PATH_MAX];
+        if (cli_ckpt_path(probe, sizeof probe, r->o.checkpoint_dir, 0) != 0) {
+            cli_errorf("--checkpoint-dir %s: path too long", r->o.checkpoint_dir);
+            return CLI_EXIT_USAGE;
+        }
+        if (cli_mkdir_p(r->o.checkpoint_dir, r->ckpt_dir_made, sizeof r->ckpt_dir_made, err,
+                        sizeof err) != 0) {
+            cli_errorf("--checkpoint-dir %s", err);
+            return CLI_EXIT_RUNTIME;
+        }
+        /* As for --save: found out now, not at the first checkpoint, an
+         * epoch of training later. */
+        if (access(r->o.checkpoint_dir, W_OK | X_OK) != 0) {
+            cli_errorf("--checkpoint-dir %s: cannot write in it: %s", r->o.checkpoint_dir,
+                       strerror(errno));
+            return CLI_EXIT_RUNTIME;
+        }
+        /* Before looking at what it holds: a run starting beside us sees
+         * the same empty directory. */
+        int free_dir = cli_ckpt_lock(r->o.checkpoint_dir, &r->ckpt_dir_lock, err, sizeof err);
+        if (free_dir < 0) {
+            cli_errorf("--checkpoint-dir %s", err);
+            return CLI_EXIT_RUNTIME;
+        }
+        if (!free_dir) {
+            /* Made by us perhaps, but the other run works in it now. */
+            r->ckpt_dir_made[0] = '\0';
+            cli_errorf("--checkpoint-dir %s is in use by another castor train, whose checkpoints "
+                       "this run would overwrite and prune: give another directory, or resume "
+                       "there once that run has ended",
+                       r->o.checkpoint_dir);
+            return CLI_EXIT_RUNTIME;
+        }
+        if ((rc = check_checkpoint_dir(r)) != 0)
+            return rc;
+    }
     if (r->o.save) {
         /* --save FILE: its directory must exist; find out now, not after
          * the training. */
@@ -321,42 +360,6 @@ static int prepare_outputs(train_run *r)
         }
     }
     if (r->o.checkpoint_dir) {
-        /* Before any directory is made for it. */
-        char probe[CLI_PATH_MAX];
-        if (cli_ckpt_path(probe, sizeof probe, r->o.checkpoint_dir, 0) != 0) {
-            cli_errorf("--checkpoint-dir %s: path too long", r->o.checkpoint_dir);
-            return CLI_EXIT_USAGE;
-        }
-        if (cli_mkdir_p(r->o.checkpoint_dir, r->ckpt_dir_made, sizeof r->ckpt_dir_made, err,
-                        sizeof err) != 0) {
-            cli_errorf("--checkpoint-dir %s", err);
-            return CLI_EXIT_RUNTIME;
-        }
-        /* As for --save: found out now, not at the first checkpoint, an
-         * epoch of training later. */
-        if (access(r->o.checkpoint_dir, W_OK | X_OK) != 0) {
-            cli_errorf("--checkpoint-dir %s: cannot write in it: %s", r->o.checkpoint_dir,
-                       strerror(errno));
-            return CLI_EXIT_RUNTIME;
-        }
-        /* Before looking at what it holds: a run starting beside us sees
-         * the same empty directory. */
-        int free_dir = cli_ckpt_lock(r->o.checkpoint_dir, &r->ckpt_dir_lock, err, sizeof err);
-        if (free_dir < 0) {
-            cli_errorf("--checkpoint-dir %s", err);
-            return CLI_EXIT_RUNTIME;
-        }
-        if (!free_dir) {
-            /* Made by us perhaps, but the other run works in it now. */
-            r->ckpt_dir_made[0] = '\0';
-            cli_errorf("--checkpoint-dir %s is in use by another castor train, whose checkpoints "
-                       "this run would overwrite and prune: give another directory, or resume "
-                       "there once that run has ended",
-                       r->o.checkpoint_dir);
-            return CLI_EXIT_RUNTIME;
-        }
-        if ((rc = check_checkpoint_dir(r)) != 0)
-            return rc;
         /* Ours now, and this run's past: what a killed write left is
          * garbage the size of a checkpoint, and would pile up. */
         int stale = cli_ckpt_remove_stale(r->o.checkpoint_dir, err, sizeof err);
