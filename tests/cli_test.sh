@@ -813,6 +813,17 @@ if [[ "$before" == "$(snapshot "$CK")" ]]; then
 else
     bad "a refused run changed the checkpoint directory" "$(diff <(echo "$before") <(snapshot "$CK"))"
 fi
+# An older checkpoint of the run whose header is damaged is not "from another
+# run" (it said so): refused all the same, pruning would delete it unread.
+DM="$T/ck-damaged"
+run "${TRAIN[@]}" --devices cpu:2 --epochs 2 --batch 64 --quiet --checkpoint-dir "$DM"
+head -c 100 "$DM/ckpt-000000000008.safetensors" >"$T/head"
+mv "$T/head" "$DM/ckpt-000000000008.safetensors"
+expect_error 2 "resuming into a --checkpoint-dir holding a damaged older checkpoint" \
+    "${TRAIN[@]}" --devices cpu:2 --epochs 3 --resume "$DM" --checkpoint-dir "$DM"
+grep -q "holds $DM/ckpt-000000000008.safetensors, which cannot be read as a checkpoint (bad \
+safetensors header length [0-9]*): .* move it out of $DM, or give another directory\$" "$T/err" ||
+    bad "the error does not say the file cannot be read" "$(cat "$T/err")"
 run "${TRAIN[@]}" --devices cpu:2 --epochs 3 --batch 64 --checkpoint-every 4 --keep 2 --quiet \
     --resume "$CK/sub/dir" --checkpoint-dir "$CK/sub/dir"
 if [[ $rc -eq 0 && "$(names "$CK/sub/dir")" == "ckpt-000000000020.safetensors ckpt-000000000024.safetensors " ]]; then

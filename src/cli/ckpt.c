@@ -404,7 +404,7 @@ int cli_ckpt_find_foreign(const char *dir, const cli_ckpt_meta *mine, char *foun
         const char *differs;
         if (cli_ckpt_read_meta(found, &theirs, why, sizeof why) != 0) {
             snprintf(err, errlen, "%s", why);
-            rc = 1;
+            rc = 2;
         } else if ((differs = run_differs(mine, &theirs)) != NULL) {
             snprintf(err, errlen, "%s", differs);
             rc = 1;

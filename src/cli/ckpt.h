@@ -81,10 +81,10 @@ typedef struct cli_ckpt_meta {
 int cli_ckpt_read_meta(const char *path, cli_ckpt_meta *out, char *err, size_t errlen);
 
 /* A checkpoint in DIR (named as cli_ckpt_path names them, which pruning
- * deletes) that is not from the run `mine` describes: another seed, model,
- * loss or optimizer, or a file whose metadata cannot be read. 1 and its path
- * in found with why it is not (in err), 0 when every one is the run's, -1
- * when DIR cannot be read (err says why). */
+ * deletes) that is not from the run `mine` describes: 1 and its path in
+ * found when it is from another run (another seed, model, loss or
+ * optimizer: err says which), 2 when its metadata cannot be read (err says
+ * why), 0 when every one is the run's, -1 when DIR cannot be read. */
 int cli_ckpt_find_foreign(const char *dir, const cli_ckpt_meta *mine, char *found, size_t size,
                           char *err, size_t errlen);
 

@@ -262,6 +262,13 @@ static int check_checkpoint_dir(train_run *r)
             cli_errorf("--checkpoint-dir %s", err);
             return CLI_EXIT_RUNTIME;
         }
+        if (foreign == 2) {
+            cli_errorf("--checkpoint-dir %s holds %s, which cannot be read as a checkpoint (%s): "
+                       "this run would prune it as its own; move it out of %s, or give another "
+                       "directory",
+                       dir, other, cli_about_file(err, other), dir);
+            return CLI_EXIT_USAGE;
+        }
         if (foreign) {
             cli_errorf("--checkpoint-dir %s holds %s, from another run than %s (%s): this run "
                        "would prune it as its own; give another directory",
