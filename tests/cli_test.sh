@@ -6,8 +6,10 @@
 # data set with --json, the progress display, SIGINT/SIGTERM stopping a run
 # with status 130/143; then --save with eval and predict, checkpoints, a run
 # killed with SIGKILL and resumed (bitwise equal to one never interrupted),
-# SIGTERM writing a checkpoint, and --resume files and flags that cannot
-# work. The last line is "N passed, M failed".
+# SIGTERM writing a checkpoint, two runs into one checkpoint directory, writes
+# that fail (a full directory, the file size limit, a broken log pipe), and
+# --resume files and flags that cannot work. The last line is "N passed, M
+# failed".
 set -uo pipefail
 
 if [[ $# -ne 1 ]]; then
