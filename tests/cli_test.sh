@@ -3,8 +3,8 @@
 #
 # Help and version, strict flag checking (usage errors are one line starting
 # "castor: " and exit 2), castor info, a tiny training run on a synthetic IDX
-# data set with --json, the progress display, SIGINT/SIGTERM stopping a run
-# with status 130/143; then --save with eval and predict, checkpoints, a run
+# data set with --json, the progress display, SIGINT/SIGTERM/SIGHUP stopping
+# a run with status 130/143/129 (and left alone when ignored at start); then --save with eval and predict, checkpoints, a run
 # killed with SIGKILL and resumed (bitwise equal to one never interrupted),
 # SIGTERM writing a checkpoint, two runs into one checkpoint directory, writes
 # that fail (a full directory, the file size limit, a broken log pipe), and
@@ -63,10 +63,35 @@ wait_for() {
     return 1
 }
 tmp_file_in() { compgen -G "$1/ckpt-*.safetensors.tmp.*" >/dev/null; }
-# Whether process $1 has a handler for SIGINT (a script's background job
-# starts with SIGINT ignored: a signal before the handler would be lost).
+# Run "$@" with SIGINT and SIGHUP at their default action. A script's
+# background job ('cmd &' without job control) starts with SIGINT ignored,
+# and castor leaves a signal it inherits ignored as such (as nohup needs):
+# the tests that stop a background run with SIGINT start it this way.
+signals_default() {
+    exec python3 -c '
+import os, signal, sys
+for s in (signal.SIGINT, signal.SIGHUP):
+    signal.signal(s, signal.SIG_DFL)
+os.execv(sys.argv[1], sys.argv[1:])' "$@"
+}
+# Wait for process $1 at most $2 seconds, then kill it: a run that ignores
+# the signal it was sent must fail its test, not hang the suite. Sets rc.
+wait_at_most() {
+    local waited=0
+    while kill -0 "$1" 2>/dev/null && [[ $waited -lt $(($2 * 10)) ]]; do
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+    kill -0 "$1" 2>/dev/null && kill -KILL "$1" 2>/dev/null
+    wait "$1"
+    rc=$?
+}
+# Whether process $1 is castor (signals_default's python has made way for
+# it) and has a handler for SIGINT yet: a signal before the handler would
+# kill it without a word.
 catches_sigint() {
     local caught
+    [[ "$(cat "/proc/$1/comm" 2>/dev/null)" == castor ]] || return 1
     caught=$(awk '/^SigCgt:/ {print $2}' "/proc/$1/status" 2>/dev/null) || return 1
     [[ -n "$caught" ]] && (( 0x$caught & 2 ))
 }
@@ -493,14 +518,16 @@ else
     ok "progress on a terminal: skipped (no script(1) or no pty)"
 fi
 
-# ---- SIGINT / SIGTERM stop training after the current step ---------------------------------
+# ---- SIGINT / SIGTERM / SIGHUP stop training after the current step -----------------------
 # The run starts with SIGINT and SIGTERM blocked, as a process may inherit
 # them from whatever launched it (CI runners do): castor must unblock the
 # signals it handles, or a pending SIGINT never arrives.
 start_with_stop_signals_blocked() {
     exec python3 -c '
 import os, signal, sys
-signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+for s in (signal.SIGINT, signal.SIGHUP):
+    signal.signal(s, signal.SIG_DFL)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 os.execv(sys.argv[1], sys.argv[1:])' "$@"
 }
 interrupt_test() { # interrupt_test SIGNAL STATUS
@@ -543,6 +570,42 @@ interrupt_test() { # interrupt_test SIGNAL STATUS
 }
 interrupt_test INT 130
 interrupt_test TERM 143
+# A closed terminal or ssh session: its default action killed the run, and
+# with it every step since the newest checkpoint.
+interrupt_test HUP 129
+
+# ---- a signal ignored at start stays ignored (nohup; 'castor train &' in a script) ----------
+# Handlers installed over them made nohup useless and let the terminal's
+# Ctrl-C stop a run that the shell had put in the background.
+: >"$T/err"
+python3 -c '
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+os.execv(sys.argv[1], sys.argv[1:])' "$BIN" "${TRAIN[@]}" --devices cpu:2 --epochs 100000 --batch 8 \
+    >"$T/out" 2>"$T/err" &
+BGPID=$!
+waited=0
+while ! grep -q '^epoch 1/' "$T/err" 2>/dev/null; do
+    if ! kill -0 "$BGPID" 2>/dev/null || [[ $waited -ge 600 ]]; then break; fi
+    sleep 0.1
+    waited=$((waited + 1))
+done
+kill -INT "$BGPID" 2>/dev/null
+kill -HUP "$BGPID" 2>/dev/null
+sleep 1
+alive=0
+kill -0 "$BGPID" 2>/dev/null && alive=1
+kill -TERM "$BGPID" 2>/dev/null
+wait "$BGPID"
+rc=$?
+BGPID=""
+if [[ $alive -eq 1 && $rc -eq 143 ]] && grep -q 'interrupted after step' "$T/err"; then
+    ok "SIGINT and SIGHUP ignored at start: still training 1 s after both, SIGTERM -> 143"
+else
+    bad "SIGINT and SIGHUP ignored at start: alive $alive after them, then status $rc (want 143)" \
+        "$(tail -n 3 "$T/err")"
+fi
 
 
 # ---- names in any case, as --optimizer already took them; a seed past 2^53 as digits --------
@@ -1151,8 +1214,9 @@ fi
 # No periodic checkpoint: the only file written is the interrupt's.
 ID="$T/ck-insist"
 : >"$T/err"
-"$BIN" train --data "$DATA" --layers 2048:relu,2048:relu,10 --devices cpu:2 --batch 64 \
-    --epochs 100000 --seed 1 --checkpoint-dir "$ID" --checkpoint-every 1000000 >"$T/out" 2>"$T/err" &
+signals_default "$BIN" train --data "$DATA" --layers 2048:relu,2048:relu,10 --devices cpu:2 \
+    --batch 64 --epochs 100000 --seed 1 --checkpoint-dir "$ID" --checkpoint-every 1000000 \
+    >"$T/out" 2>"$T/err" &
 BGPID=$!
 waited=0
 while ! grep -q '^epoch 1/' "$T/err" 2>/dev/null; do
@@ -1165,8 +1229,7 @@ kill -INT "$BGPID" 2>/dev/null
 seen_tmp=0
 wait_for "$BGPID" tmp_file_in "$ID" && seen_tmp=1
 kill -INT "$BGPID" 2>/dev/null
-wait "$BGPID"
-rc=$?
+wait_at_most "$BGPID" 60
 BGPID=""
 left=$(find "$ID" -name '*.tmp.*' 2>/dev/null)
 saved=$(sed -n 's/^castor: interrupted after step [0-9]*; checkpoint saved to //p' "$T/err")
@@ -1497,13 +1560,12 @@ for prefix, n in (("train", 64), ("t10k", 4096)):
 EOF
 rm -f "$T/late.safetensors"
 : >"$T/err"
-"$BIN" train --data "$BIG" --layers 2048:relu,2048:relu,10 --devices cpu:2 --batch 64 \
-    --epochs 1 --save "$T/late.safetensors" 2>"$T/err" >/dev/null &
+signals_default "$BIN" train --data "$BIG" --layers 2048:relu,2048:relu,10 --devices cpu:2 \
+    --batch 64 --epochs 1 --save "$T/late.safetensors" 2>"$T/err" >/dev/null &
 BGPID=$!
 wait_for "$BGPID" grep -q '^epoch 1/1' "$T/err"
 kill -INT "$BGPID" 2>/dev/null
-wait "$BGPID"
-rc=$?
+wait_at_most "$BGPID" 60
 BGPID=""
 if [[ $rc -eq 0 ]]; then
     ok "a signal after --save: skipped (the run ended before the signal came)"
@@ -1534,13 +1596,12 @@ EOF
 # The directories made for it are taken back: an interrupted or failed run
 # leaves no empty --checkpoint-dir of its own behind.
 SD="$T/ck-early/a/b"
-"$BIN" train --data "$SLOW" --layers 32:relu,10 --epochs 1 --checkpoint-dir "$SD" \
-    >/dev/null 2>"$T/err" &
+signals_default "$BIN" train --data "$SLOW" --layers 32:relu,10 --epochs 1 \
+    --checkpoint-dir "$SD" >/dev/null 2>"$T/err" &
 BGPID=$!
 wait_for "$BGPID" catches_sigint "$BGPID"
 kill -INT "$BGPID" 2>/dev/null
-wait "$BGPID"
-rc=$?
+wait_at_most "$BGPID" 60
 BGPID=""
 if [[ $rc -eq 130 ]] && grep -q '^castor: interrupted before training; nothing to save$' "$T/err" &&
     [[ ! -e "$T/ck-early" ]]; then

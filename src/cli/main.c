@@ -35,8 +35,8 @@ void castor_cli_usage(FILE *out)
             "  --version    print the version and exit\n"
             "\n"
             "Run 'castor <command> --help' for the flags of a command.\n"
-            "Exit status: 0 success, 1 failure, 2 usage error, 130/143 interrupted by\n"
-            "SIGINT/SIGTERM.\n");
+            "Exit status: 0 success, 1 failure, 2 usage error, 130/143/129 interrupted\n"
+            "by SIGINT/SIGTERM/SIGHUP.\n");
 }
 
 static void version_usage(FILE *out)

@@ -98,7 +98,8 @@ int train_resume(train_run *r);
 
 /* ---- train_ckpt.c ---- */
 
-/* SIGINT/SIGTERM stop training after the current step; SIGPIPE is ignored. */
+/* SIGINT/SIGTERM/SIGHUP stop training after the current step, unless they
+ * were ignored when castor started; SIGPIPE is ignored. */
 void train_install_stop_handlers(void);
 /* The signal that asked to stop, or 0. */
 int train_stop_signal(void);
@@ -107,7 +108,7 @@ int train_on_progress(void *user, const castor_progress *p);
 /* Write DIR/ckpt-<step>.safetensors, then prune the old ones; 0 or -1 with
  * r->ckpt_error set. */
 int train_write_checkpoint(train_run *r);
-/* castor_model_save, with a second SIGINT/SIGTERM during the write held
+/* castor_model_save, with a second stop signal during the write held
  * back until the file is complete (it kills at once otherwise). */
 int train_save_whole(castor_model *m, const char *path);
 /* After a stop signal: keep what was trained, say where; 128 + the signal. */

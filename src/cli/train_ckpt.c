@@ -1,9 +1,10 @@
 /*
  * What a training run keeps on disk while it trains: a checkpoint every
  * --checkpoint-every steps or epochs, written from the progress callback,
- * and one more when SIGINT or SIGTERM stops the run after a step was
- * trained, so that an interrupted run loses nothing it could have kept. The names and the pruning of the
- * files are ckpt.c's; this file decides when to write and what to say.
+ * and one more when SIGINT, SIGTERM or SIGHUP stops the run after a step
+ * was trained, so that an interrupted run loses nothing it could have kept.
+ * The names and the pruning of the files are ckpt.c's; this file decides
+ * when to write and what to say.
  */
 #include <pthread.h>
 #include <signal.h>
@@ -70,8 +71,23 @@ void train_install_stop_handlers(void)
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    /* SIGHUP too: the terminal or ssh session of a run that was not started
+     * under nohup is gone, and its default action would drop every step
+     * since the newest checkpoint. A signal that we were started with
+     * ignored stays ignored: nohup ignores SIGHUP, and a shell without job
+     * control ignores SIGINT for 'cmd &', so that the Ctrl-C meant for the
+     * foreground does not reach the background run. */
+    static const int stop_signal_list[] = {SIGINT, SIGTERM, SIGHUP};
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    for (size_t i = 0; i < sizeof stop_signal_list / sizeof stop_signal_list[0]; i++) {
+        struct sigaction old;
+        int sig = stop_signal_list[i];
+        if (sigaction(sig, NULL, &old) == 0 && old.sa_handler == SIG_IGN)
+            continue;
+        sigaction(sig, &sa, NULL);
+        sigaddset(&stop_signals, sig);
+    }
     /* A log pipe whose reader is gone (2>&1 | tee log, tee ended by the same
      * Ctrl-C) would kill us at the next progress line, before the checkpoint
      * that keeps the run; ignored, the line is lost (EPIPE) and the run goes
@@ -80,10 +96,6 @@ void train_install_stop_handlers(void)
     /* A blocked signal mask survives exec: a launcher (a CI runner, a job
      * system) may start us with SIGINT blocked, and then the handler would
      * never run. Threads made later inherit this mask. */
-    sigset_t stop_signals;
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGINT);
-    sigaddset(&stop_signals, SIGTERM);
     pthread_sigmask(SIG_UNBLOCK, &stop_signals, NULL);
 }
 
@@ -158,7 +170,7 @@ int train_on_progress(void *user, const castor_progress *p)
     return g_stop_signal != 0;
 }
 
-/* SIGINT/SIGTERM: keep what was trained if there is a place for it, say
+/* SIGINT/SIGTERM/SIGHUP: keep what was trained if there is a place for it, say
  * where, and exit 128 + the signal. */
 int train_report_interrupt(train_run *r)
 {
