@@ -173,6 +173,24 @@ void am_same_as_first_round(castor_model *m, float **want, const char *what)
         am_assert_params(m, *want, what);
 }
 
+void am_run_one_step(am_run *run, const char *what)
+{
+    cr_assert_eq(am_fit(run->m, run->train, NULL, 1), CASTOR_OK, "%s: fit: %s", alloc_where(),
+                 castor_model_errmsg(run->m));
+    am_same_as_first_round(run->m, &run->want, what);
+}
+
+void am_run_teardown(void *arg)
+{
+    am_run *run = arg;
+    castor_model_free(run->m);
+    castor_strategy_free(run->s);
+    castor_dataset_free(run->train);
+    run->m = NULL;
+    run->s = NULL;
+    run->train = NULL;
+}
+
 void am_assert_idle(const castor_strategy *s)
 {
     for (int i = 0; i < s->n_replicas; i++) {

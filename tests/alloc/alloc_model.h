@@ -75,6 +75,20 @@ void am_assert_params(castor_model *m, const float *want, const char *what);
  * every later round must end with the same ones (what: after what). */
 void am_same_as_first_round(castor_model *m, float **want, const char *what);
 
+/* The handles of a sweep whose call makes the strategy or the model: each
+ * round must end training one step as the first round did. */
+typedef struct am_run {
+    const am_place *place;
+    castor_strategy *s;
+    castor_model *m;
+    castor_dataset *train;
+    float *want;  /* the variables after one step, from the first round */
+} am_run;
+/* One step of am_fit on run->m, checked against the first round's. */
+void am_run_one_step(am_run *run, const char *what);
+/* The sweep's teardown: frees the handles (want stays, for the next round). */
+void am_run_teardown(void *run);
+
 /* After a failed call: no replica has work left queued (it would run later
  * over buffers the next call uses). */
 void am_assert_idle(const castor_strategy *s);

@@ -128,17 +128,9 @@ Test(alloc, add_layers, .timeout = 60)
 
 /* ---- compile ---- */
 
-typedef struct compile_state {
-    const am_place *place;
-    castor_strategy *s;
-    castor_model *m;
-    castor_dataset *train;
-    float *want;  /* after one step, from the first round */
-} compile_state;
-
 static void compile_setup(void *arg)
 {
-    compile_state *st = arg;
+    am_run *st = arg;
     st->s = am_strategy(st->place);
     st->m = am_layers();
     st->train = am_train();
@@ -146,19 +138,19 @@ static void compile_setup(void *arg)
 
 static int compile_call(void *arg)
 {
-    compile_state *st = arg;
+    am_run *st = arg;
     castor_optimizer adam = castor_optimizer_defaults(CASTOR_OPT_ADAM);
     return castor_model_compile(st->m, st->s, CASTOR_LOSS_SOFTMAX_XENT, &adam, AM_SEED);
 }
 
 static const char *compile_errmsg(void *arg)
 {
-    return castor_model_errmsg(((compile_state *)arg)->m);
+    return castor_model_errmsg(((am_run *)arg)->m);
 }
 
 static void compile_check(void *arg, int rc)
 {
-    compile_state *st = arg;
+    am_run *st = arg;
     if (rc) {
         am_assert_unbound(st->s);
         castor_metrics met;
@@ -167,30 +159,17 @@ static void compile_check(void *arg, int rc)
         cr_assert_eq(compile_call(st), CASTOR_OK, "%s: compile again: %s", alloc_where(),
                      castor_model_errmsg(st->m));
     }
-    cr_assert_eq(am_fit(st->m, st->train, NULL, 1), CASTOR_OK, "%s: fit: %s", alloc_where(),
-                 castor_model_errmsg(st->m));
-    am_same_as_first_round(st->m, &st->want, "one step after the compile");
-}
-
-static void compile_teardown(void *arg)
-{
-    compile_state *st = arg;
-    castor_model_free(st->m);
-    castor_strategy_free(st->s);
-    castor_dataset_free(st->train);
-    st->m = NULL;
-    st->s = NULL;
-    st->train = NULL;
+    am_run_one_step(st, "one step after the compile");
 }
 
 Test(alloc, compile, .timeout = 300)
 {
     for (int p = 0; p < AM_PLACES; p++) {
-        compile_state st = {.place = &am_places[p]};
+        am_run st = {.place = &am_places[p]};
         char what[128];
         snprintf(what, sizeof what, "compile on %s", am_place_name(st.place));
         alloc_case c = {what, &st, compile_setup, compile_call, compile_errmsg, compile_check,
-                        compile_teardown};
+                        am_run_teardown};
         alloc_sweep(&c);
         free(st.want);
     }

@@ -12,35 +12,27 @@
 #include "alloc_model.h"
 #include "alloc_sweep.h"
 
-typedef struct state {
-    const am_place *place;
-    castor_strategy *s;
-    castor_model *m;
-    castor_dataset *train;
-    float *want;  /* the variables after one step, from the first round */
-} state;
-
 static void setup(void *arg)
 {
-    state *st = arg;
+    am_run *st = arg;
     st->train = am_train();
 }
 
 static int call(void *arg)
 {
-    state *st = arg;
+    am_run *st = arg;
     castor_strategy_options o = am_strategy_options();
     return castor_strategy_create(&st->s, st->place->kind, st->place->devices, &o);
 }
 
 static const char *errmsg(void *arg)
 {
-    return castor_strategy_errmsg(((state *)arg)->s);
+    return castor_strategy_errmsg(((am_run *)arg)->s);
 }
 
 static void check(void *arg, int rc)
 {
-    state *st = arg;
+    am_run *st = arg;
     if (rc) {
         cr_assert_eq(castor_strategy_replicas(st->s), 0, "%s: a failed create has replicas",
                      alloc_where());
@@ -55,29 +47,16 @@ static void check(void *arg, int rc)
         st->s = am_strategy(st->place);
     }
     st->m = am_model(st->s);
-    cr_assert_eq(am_fit(st->m, st->train, NULL, 1), CASTOR_OK, "%s: fit: %s", alloc_where(),
-                 castor_model_errmsg(st->m));
-    am_same_as_first_round(st->m, &st->want, "one step after the create");
-}
-
-static void teardown(void *arg)
-{
-    state *st = arg;
-    castor_model_free(st->m);
-    castor_strategy_free(st->s);
-    castor_dataset_free(st->train);
-    st->m = NULL;
-    st->s = NULL;
-    st->train = NULL;
+    am_run_one_step(st, "one step after the create");
 }
 
 Test(alloc, strategy_create, .timeout = 300)
 {
     for (int p = 0; p < AM_PLACES; p++) {
-        state st = {.place = &am_places[p]};
+        am_run st = {.place = &am_places[p]};
         char what[128];
         snprintf(what, sizeof what, "strategy_create on %s", am_place_name(st.place));
-        alloc_case c = {what, &st, setup, call, errmsg, check, teardown};
+        alloc_case c = {what, &st, setup, call, errmsg, check, am_run_teardown};
         alloc_sweep(&c);
         free(st.want);
     }
