@@ -253,7 +253,10 @@ CASTOR_API int castor_model_layers_spec(const castor_model *model, char *buf, si
  * set_params also recovers a mirrored model whose replicas may disagree
  * after a device failed mid-update; its optimizer state then goes back to
  * the host's last copy of it (taken at compile, load, or the last
- * get_params or save), as the replicas' own can no longer be trusted. */
+ * get_params or save), as the replicas' own can no longer be trusted,
+ * and so does the count of steps that state has taken, which Adam's bias
+ * correction reads (castor_model_step goes on counting every step; a
+ * checkpoint keeps both). */
 CASTOR_API int castor_model_get_params(castor_model *model, float *dst, size_t count);
 CASTOR_API int castor_model_set_params(castor_model *model, const float *src, size_t count);
 /* Optimizer steps taken so far. */

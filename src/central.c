@@ -58,8 +58,9 @@ static int central_train_step(castor_model *m, const castor__batch *b, castor__b
     const float *grads[CASTOR__MAX_REPLICAS];
     int k = castor__host_grads(m, grads);
     castor__host_update(m->strategy->host_pool, &m->opt, m->params.ptr, m->opt_state.ptr, grads,
-                        k, m->n_params, m->step + 1);
+                        k, m->n_params, m->opt_step + 1);
     castor__step_done(m, t0, t1, t1, castor__now());
+    m->host_opt_step = m->opt_step;  /* the host's state is the state */
     return CASTOR_OK;
 }
 

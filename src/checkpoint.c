@@ -21,6 +21,10 @@
  *     beta1, beta2, epsilon, weight_decay (floats as %.9g: they read back
  *     exactly)
  *   seed, step, epoch, step_in_epoch, epoch_batch
+ *   optimizer_step  the steps the optimizer state has taken (Adam's bias
+ *                   correction counts them), where that is not step: only
+ *                   after a mirrored model's set_params recovery took the
+ *                   state back to an older copy. Optional: step where absent
  *   epoch_samples, epoch_shuffle   the training samples the epoch in progress
  *                   is over and whether it is shuffled ("1"/"0"): with the
  *                   batch they fix its order, so fit refuses to finish it on
@@ -321,6 +325,7 @@ static int load_parsed(castor_model *m, const castor__st_file *f, const char *pa
     m->opt = castor__optim_normalized(&info.opt);
     m->seed = info.seed;
     m->step = info.step;
+    m->opt_step = m->host_opt_step = info.optimizer_step;
     m->epoch = info.epoch;
     m->step_in_epoch = info.step_in_epoch;
     m->epoch_batch = info.epoch_batch;
@@ -509,6 +514,8 @@ int castor_model_save(castor_model *m, const char *path)
     META_G("weight_decay", o->weight_decay);
     META_F("seed", "%" PRIu64, m->seed);
     META_F("step", "%" PRId64, m->step);
+    if (m->opt_step != m->step)
+        META_F("optimizer_step", "%" PRId64, m->opt_step);
     META_F("epoch", "%" PRId64, m->epoch);
     META_F("step_in_epoch", "%" PRId64, m->step_in_epoch);
     META_F("epoch_batch", "%d", m->epoch_batch);

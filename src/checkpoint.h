@@ -20,6 +20,7 @@ typedef struct castor__ckpt_info {
     castor_optimizer opt;
     uint64_t seed;
     int64_t step, epoch, step_in_epoch;
+    int64_t optimizer_step;  /* step when the file does not give it */
     int epoch_batch;
     uint64_t epoch_samples;  /* 0: not in the file */
     int epoch_shuffle;       /* -1: not in the file */

@@ -161,6 +161,15 @@ int castor__ckpt_read_info(const castor__st_file *f, const char *path, castor__c
                              errlen);
         *ivals[i] = (int64_t)u;
     }
+    /* Optional: written only where the optimizer state has taken fewer
+     * steps than the model (after a mirrored recovery, see set_params). */
+    info->optimizer_step = info->step;
+    if ((v = castor__st_meta_get(f, "optimizer_step"))) {
+        if (parse_uint(v, CKPT_MAX_POSITION, &u))
+            return bad_value(path, "optimizer_step", v, "a whole number from 0 to 999999999999",
+                             err, errlen);
+        info->optimizer_step = (int64_t)u;
+    }
     if ((rc = need(f, path, "epoch_batch", &v, err, errlen)))
         return rc;
     if (parse_uint(v, INT_MAX, &u))

@@ -42,7 +42,7 @@ typedef struct step_ctx {
 static int apply_update(castor_model *m, castor__replica *r)
 {
     return r->dev->iface->optimizer_step(r->dev, &m->opt, r->d_params, r->d_grads, r->d_state,
-                                         m->n_params, m->step + 1);
+                                         m->n_params, m->opt_step + 1);
 }
 
 /* Forward and backward over the replica's slice; a replica without rows
@@ -268,6 +268,7 @@ static int mirrored_pull(castor_model *m)
     if ((rc = finish_on_replica0(m, dev, rc)))
         return rc;
     m->host_params_current = 1;
+    m->host_opt_step = m->opt_step;
     return CASTOR_OK;
 }
 

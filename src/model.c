@@ -270,6 +270,7 @@ int castor_model_compile(castor_model *m, castor_strategy *s, castor_loss loss,
     castor__host_free(&m->grads);
     castor__host_free(&m->opt_state);
     m->step = m->epoch = m->step_in_epoch = 0;
+    m->opt_step = m->host_opt_step = 0;
     m->epoch_batch = 0;
     m->epoch_samples = 0;
     m->epoch_shuffle = -1;
@@ -402,6 +403,9 @@ int castor_model_set_params(castor_model *m, const float *src, size_t count)
     rc = m->inconsistent ? CASTOR_OK : m->strategy->ops->pull(m);
     if (rc)
         return rc;
+    /* Recovering, the state goes back to the host's copy, and with it the
+     * steps it has taken: Adam's bias correction must count those. */
+    m->opt_step = m->host_opt_step;
     memcpy(m->params.ptr, src, count * sizeof(float));
     m->params_version++;
     return m->strategy->ops->push(m);

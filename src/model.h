@@ -47,6 +47,11 @@ struct castor_model {
 
     /* Where training stands. */
     int64_t step;            /* optimizer steps taken */
+    /* Steps the optimizer state has taken, which Adam's bias correction
+     * counts (Keras's optimizer.iterations): step, except after a mirrored
+     * recovery took the state back to an older host copy (set_params). */
+    int64_t opt_step;
+    int64_t host_opt_step;   /* opt_step of the host's copy of the state */
     int64_t epoch;           /* epochs completed */
     int64_t step_in_epoch;   /* steps done in the epoch in progress */
     int epoch_batch;         /* batch size of the epoch in progress */

@@ -359,6 +359,7 @@ void castor__step_done(castor_model *m, double t0, double t1, double t2, double 
     rs->seconds_total += t3 - t0;
     rs->steps++;
     m->step++;
+    m->opt_step++;
     m->params_version++;
 }
 

@@ -292,6 +292,16 @@ Test(checkpoint, extra_tensor)
 
 Test(checkpoint, bad_metadata_value) { corrupt_case(bad_step, CASTOR_FORMAT, "'step'"); }
 
+static void bad_optimizer_step(parts *p)
+{
+    edit(p, "\"seed\":", "\"optimizer_step\":\"x\",\"seed\":");
+}
+
+Test(checkpoint, bad_optimizer_step)
+{
+    corrupt_case(bad_optimizer_step, CASTOR_FORMAT, "'optimizer_step' is 'x'");
+}
+
 static void zero_epoch_samples(parts *p)
 {
     edit(p, "\"epoch_samples\":\"101\"", "\"epoch_samples\":\"0\"");

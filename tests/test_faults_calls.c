@@ -327,3 +327,77 @@ Test(faults, one_mirrored_replica_failing_before_its_update_stays_consistent)
     free(want);
     castor_dataset_free(ds);
 }
+
+/* set_params after a failed mirrored update takes the optimizer state back
+ * to the host's last copy of it; Adam's step count, which its bias
+ * correction reads, must go back with it. Every step here trains on the
+ * same rows in the same order (one batch of the whole data, unshuffled), so
+ * a model recovered to the variables and state of step 2 must take the step
+ * that a model at step 2 takes, whatever steps it trained meanwhile. */
+static int whole_batch_steps(castor_model *m, castor_dataset *ds, int steps)
+{
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.epochs = 1000;
+    fo.batch_size = (int)castor_dataset_size(ds);
+    fo.shuffle = 0;
+    fo.max_steps = steps;
+    return castor_model_fit(m, ds, &fo, NULL);
+}
+
+Test(faults, recovery_takes_adams_step_count_back_with_its_state)
+{
+    fault_scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu:2", 12, 12, 2, 0};
+    castor_dataset *ds = support_synthetic(3, sc.n, F, C);
+    castor_strategy *s = NULL;
+    castor_model *m = fault_make(&sc, &s);
+    cr_assert_eq(whole_batch_steps(m, ds, 3), CASTOR_OK, "%s", castor_model_errmsg(m));
+    float *want = fault_params_of(m);
+    castor_model_free(m);
+    castor_strategy_free(s);
+
+    m = fault_make(&sc, &s);
+    cr_assert_eq(whole_batch_steps(m, ds, 2), CASTOR_OK);
+    float *at2 = fault_params_of(m);  /* the host's copy of the state: step 2's */
+    cr_assert_eq(whole_batch_steps(m, ds, 3), CASTOR_OK);
+    /* Replica 1's update fails after replica 0's was applied. */
+    fault_arm(s, s->devs[1], OP_OPTIM, 1, 0);
+    int rc = whole_batch_steps(m, ds, 1);
+    fault_uninject();
+    cr_assert(fault_failed);
+    cr_assert_eq(rc, CASTOR_DEVICE, "%s", castor_model_errmsg(m));
+    cr_assert(m->inconsistent);
+    size_t np = castor_model_num_params(m);
+    cr_assert_eq(castor_model_set_params(m, at2, np), CASTOR_OK, "%s", castor_model_errmsg(m));
+    cr_assert_eq(castor_model_step(m), 5, "the model's own step count stays");
+    /* A checkpoint of the recovered model carries the state's count too. */
+    char *dir = support_tmpdir();
+    char path[4200];
+    snprintf(path, sizeof path, "%s/recovered.safetensors", dir);
+    cr_assert_eq(castor_model_save(m, path), CASTOR_OK, "%s", castor_model_errmsg(m));
+    for (int loaded = 0; loaded < 2; loaded++) {
+        if (loaded) {
+            castor_model_free(m);
+            castor_strategy_free(s);
+            m = fault_make(&sc, &s);
+            cr_assert_eq(castor_model_load(m, path), CASTOR_OK, "%s", castor_model_errmsg(m));
+            cr_assert_eq(castor_model_step(m), 5);
+        }
+        cr_assert_eq(whole_batch_steps(m, ds, 1), CASTOR_OK, "%s", castor_model_errmsg(m));
+        float *got = fault_params_of(m);
+        size_t differ = 0;
+        for (size_t i = 0; i < np; i++)
+            differ += got[i] != want[i];
+        cr_assert_eq(differ, 0, "%s: %zu of %zu variables differ from the third step of a "
+                     "model at step 2 (first: %.9g, want %.9g)",
+                     loaded ? "loaded from its checkpoint" : "recovered", differ, np,
+                     (double)got[0], (double)want[0]);
+        free(got);
+    }
+    support_rmrf(dir);
+    free(dir);
+    free(at2);
+    free(want);
+    castor_model_free(m);
+    castor_strategy_free(s);
+    castor_dataset_free(ds);
+}
