@@ -16,6 +16,7 @@
 #include "support.h"
 #include "src/model.h"
 #include "src/rng.h"
+#include "src/strategy.h"
 
 #define NS 11   /* samples: batches of 4 leave a short last batch of 3 */
 #define NF 5
@@ -364,4 +365,51 @@ Test(numerics, optimizers_step_by_step)
         for (int k = 0; k < 2; k++)
             for (int o = 0; o < 5; o++)
                 optimizer_steps(device_lists[i], (castor_strategy_kind)k, opts[o]);
+}
+
+/* A variable gone NaN (a diverged step) must show in the loss, whatever
+ * activation lies between it and the output: PyTorch's and TensorFlow's
+ * ReLU pass a NaN on. Castor's ReLU made it 0, so a model with a NaN in a
+ * kernel under a ReLU reported a finite loss, trained on, and was saved
+ * with its NaN, while nothing (the CLI's divergence warning included) saw. */
+Test(numerics, a_nan_variable_shows_in_the_loss)
+{
+    data d;
+    make_data(&d, 8);
+    static const char *const layers[] = {"6:relu,3", "6:tanh,3", "6:sigmoid,3",
+                                         "6:tanh,4:relu,3"};
+    for (size_t i = 0; i < sizeof layers / sizeof *layers; i++)
+        for (int k = 0; k < 2; k++) {
+            castor_strategy *s = NULL;
+            castor_model *m = make_model("cpu:2", (castor_strategy_kind)k, layers[i],
+                                         CASTOR_LOSS_SOFTMAX_XENT, &s);
+            castor_dataset *ds = make_dataset(&d, CASTOR_LOSS_SOFTMAX_XENT);
+            /* One kernel weight of the first layer, as a diverged step leaves it
+             * (set_params refuses NaN; a checkpoint or a step does not). */
+            size_t np = castor_model_num_params(m);
+            float *p = malloc(np * sizeof *p);
+            cr_assert_eq(castor_model_get_params(m, p, np), CASTOR_OK);
+            p[0] = NAN;
+            memcpy(m->params.ptr, p, np * sizeof *p);
+            m->params_version++;
+            m->host_params_current = 1;
+            cr_assert_eq(m->strategy->ops->push(m), CASTOR_OK);
+            castor_metrics met;
+            cr_assert_eq(castor_model_evaluate(m, ds, 4, &met), CASTOR_OK, "%s",
+                         castor_model_errmsg(m));
+            cr_assert(isnan(met.loss), "%s %s: evaluate's loss is %g with a NaN variable",
+                      layers[i], castor_strategy_kind_name((castor_strategy_kind)k), met.loss);
+            castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+            fo.batch_size = 4;
+            castor_metrics epoch;
+            cr_assert_eq(castor_model_fit(m, ds, &fo, &epoch), CASTOR_OK, "%s",
+                         castor_model_errmsg(m));
+            cr_assert(isnan(epoch.loss), "%s %s: fit's loss is %g with a NaN variable",
+                      layers[i], castor_strategy_kind_name((castor_strategy_kind)k),
+                      epoch.loss);
+            free(p);
+            castor_dataset_free(ds);
+            castor_model_free(m);
+            castor_strategy_free(s);
+        }
 }

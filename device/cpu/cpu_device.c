@@ -330,8 +330,10 @@ static int run_act_forward(cdev *dev, const castor__cpu_op *op)
     size_t n = a->n;
     switch (a->act) {
     case CASTOR_ACT_RELU:
+        /* '<=', not '>': a NaN goes on (as in PyTorch and TensorFlow), so
+         * that a diverged variable shows in the loss; -0 still gives +0. */
         for (size_t i = 0; i < n; i++)
-            y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+            y[i] = y[i] <= 0.0f ? 0.0f : y[i];
         break;
     case CASTOR_ACT_TANH:
         for (size_t i = 0; i < n; i++)
@@ -367,9 +369,9 @@ static int run_act_backward(cdev *dev, const castor__cpu_op *op)
     float *dy = a->out;
     size_t n = a->n;
     switch (a->act) {
-    case CASTOR_ACT_RELU:
+    case CASTOR_ACT_RELU:  /* as forward: a NaN output passes the gradient on */
         for (size_t i = 0; i < n; i++)
-            dy[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+            dy[i] = y[i] <= 0.0f ? 0.0f : dy[i];
         break;
     case CASTOR_ACT_TANH:
         for (size_t i = 0; i < n; i++)

@@ -37,8 +37,8 @@ unsigned row_threads(int cols)
 
 template <int ACT> __device__ __forceinline__ float act_f(float x)
 {
-    if (ACT == CASTOR_ACT_RELU)
-        return x > 0.0f ? x : 0.0f;
+    if (ACT == CASTOR_ACT_RELU)  /* a NaN goes on, as on the CPU backend */
+        return x <= 0.0f ? 0.0f : x;
     if (ACT == CASTOR_ACT_TANH)
         return tanhf(x);
     if (ACT == CASTOR_ACT_SIGMOID)
@@ -49,7 +49,7 @@ template <int ACT> __device__ __forceinline__ float act_f(float x)
 template <int ACT> __device__ __forceinline__ float act_df(float y, float dy)
 {
     if (ACT == CASTOR_ACT_RELU)
-        return y > 0.0f ? dy : 0.0f;
+        return y <= 0.0f ? 0.0f : dy;
     if (ACT == CASTOR_ACT_TANH)
         return dy * (1.0f - __fmul_rn(y, y));
     if (ACT == CASTOR_ACT_SIGMOID)
