@@ -192,9 +192,14 @@ typedef enum castor_optimizer_kind {
 } castor_optimizer_kind;
 
 /* Hyper-parameters; the defaults (castor_optimizer_defaults) are Keras's,
- * and so are the update rules. Fields another kind reads are not checked,
- * except that compile refuses a non-zero momentum, nesterov or
- * weight_decay on a kind that would drop it. */
+ * and so are the update rules (Adam adds epsilon to sqrt(v) before the bias
+ * correction, as Keras does, not to sqrt(v_hat) as PyTorch does). compile
+ * refuses (CASTOR_INVALID) a learning_rate that is not finite and > 0 (so
+ * 0 too), a momentum outside [0, 1), beta1 or beta2 outside [0, 1), an
+ * epsilon that is not finite and > 0, and a weight_decay that is not
+ * finite and >= 0. Fields another kind reads are not checked, except that
+ * compile refuses a non-zero momentum, nesterov or weight_decay on a kind
+ * that would drop it. */
 typedef struct castor_optimizer {
     castor_optimizer_kind kind;
     float learning_rate;  /* SGD 0.01, Adam/AdamW 0.001 */
