@@ -86,12 +86,13 @@ wait_at_most() {
     wait "$1"
     rc=$?
 }
-# Whether process $1 is castor (signals_default's python has made way for
+# Whether process $1 is $BIN (signals_default's python has made way for
 # it) and has a handler for SIGINT yet: a signal before the handler would
 # kill it without a word.
 catches_sigint() {
-    local caught
-    [[ "$(cat "/proc/$1/comm" 2>/dev/null)" == castor ]] || return 1
+    local caught name
+    name=$(basename "$BIN")
+    [[ "$(cat "/proc/$1/comm" 2>/dev/null)" == "${name:0:15}" ]] || return 1
     caught=$(awk '/^SigCgt:/ {print $2}' "/proc/$1/status" 2>/dev/null) || return 1
     [[ -n "$caught" ]] && (( 0x$caught & 2 ))
 }
@@ -1496,18 +1497,70 @@ else
     bad "--checkpoint-dir DIR/: status $rc" "$(cat "$T/out" "$T/err")"
 fi
 
-# ---- a diverged run says so ----------------------------------------------------------------
-# (it printed "-nan", hid the validation loss and said nothing else).
-run "${TRAIN[@]}" --loss mse --optimizer sgd --lr 1000 --epochs 1 --batch 8 --validation-split 64 \
-    --save "$T/diverged.safetensors"
-if [[ $rc -eq 0 ]] && grep -q '^castor: warning: the training loss is nan: training diverged' "$T/err" &&
-    grep -q '^epoch 1/1  loss nan  val_loss nan ' "$T/err" && grep -q '^train: *loss nan$' "$T/out" &&
-    ! grep -q -- '-nan' "$T/out" "$T/err"; then
-    ok "a diverged run: a warning, 'loss nan' for training and validation"
+# ---- a diverged run stops, and writes no model that is not finite -------------------------
+# (it trained on to the end, wrote checkpoints of NaN variables that pruned
+# the good ones, and --save of them, with a warning and status 0).
+DV="$T/ck-diverged"
+run "${TRAIN[@]}" --loss mse --optimizer sgd --lr 1000 --epochs 2 --batch 8 --validation-split 64 \
+    --save "$T/diverged.safetensors" --checkpoint-dir "$DV" --checkpoint-every 1 --keep 2
+dstep=$(sed -n 's/^castor: training diverged at step \([0-9]*\): the training loss is .*/\1/p' \
+    "$T/err")
+kept=$(newest_step "$DV")
+if [[ $rc -eq 1 && -n "$dstep" && ! -e "$T/diverged.safetensors" && "$kept" == $((dstep - 1)) ]] &&
+    grep -q "stopped (no --save, no checkpoint of it); the newest checkpoint is $DV/" "$T/err" &&
+    python3 - "$DV"/ckpt-*.safetensors <<'EOF'
+import json, math, struct, sys
+for path in sys.argv[1:]:
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    for name, t in json.loads(b[8:8 + n]).items():
+        if name != "__metadata__":
+            s, e = t["data_offsets"]
+            vals = struct.unpack("<%df" % ((e - s) // 4), b[8 + n + s:8 + n + e])
+            assert all(math.isfinite(v) for v in vals), (path, name)
+EOF
+then
+    ok "a diverged run -> 1 at step $dstep, no --save, its checkpoints finite (newest step $kept)"
 else
-    bad "a diverged run: status $rc" "$(cat "$T/err" "$T/out")"
+    bad "a diverged run: status $rc, step '$dstep', newest checkpoint '$kept'" \
+        "$(cat "$T/err"; ls "$DV" "$T/diverged.safetensors" 2>&1)"
 fi
-# eval and predict of the diverged model print nan, not -nan
+# The variables of the last step's update overflow where its loss did not:
+# a model resumed with a huge first-layer bias (1e18) and --lr 1000, one
+# step of the whole set per epoch.
+run train --data "$DATA" --layers 32:relu,10 --loss mse --optimizer sgd --lr 0.1 --epochs 1 \
+    --batch 512 --seed 1 --quiet --save "$T/dv-base.safetensors"
+poison() { # poison FROM TO VALUE: every dense_0.bias value set, --lr 1000, the CRC made right
+    python3 - "$@" <<'EOF'
+import json, struct, sys, zlib
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+data = bytearray(b[8 + n:])
+s, e = h["dense_0.bias"]["data_offsets"]
+data[s:e] = struct.pack("<%df" % ((e - s) // 4), *([float(sys.argv[3])] * ((e - s) // 4)))
+h["__metadata__"]["learning_rate"] = "1000"
+h["__metadata__"]["crc32"] = "%08x" % zlib.crc32(data)
+hb = json.dumps(h).encode()
+hb += b" " * (-len(hb) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(hb)) + hb + data)
+EOF
+}
+poison "$T/dv-base.safetensors" "$T/dv-huge.safetensors" 1e18
+for with in save checkpoint; do
+    extra=(--save "$T/dv-out.safetensors")
+    [[ $with == checkpoint ]] && extra+=(--checkpoint-dir "$T/ck-dv-huge")
+    run train --data "$DATA" --resume "$T/dv-huge.safetensors" --epochs 2 --quiet "${extra[@]}"
+    if [[ $rc -eq 1 && ! -e "$T/dv-out.safetensors" && ! -e "$T/ck-dv-huge" ]] &&
+        grep -q '^castor: training diverged at step 2: its variables are not finite' "$T/err"; then
+        ok "the last step's variables not finite, with --$with: 1, nothing written"
+    else
+        bad "the last step's variables not finite, with --$with: status $rc" \
+            "$(cat "$T/err"; ls "$T/dv-out.safetensors" "$T/ck-dv-huge" 2>&1)"
+    fi
+done
+# eval and predict of a model with NaN variables print nan, not -nan
+poison "$T/dv-base.safetensors" "$T/diverged.safetensors" nan
 run eval --model "$T/diverged.safetensors" --data "$DATA"
 if [[ $rc -eq 0 ]] && grep -q '^test: *loss nan ' "$T/out" && ! grep -q -- '-nan' "$T/out"; then
     ok "eval of a diverged model: 'loss nan'"

@@ -387,6 +387,8 @@ static int save(train_run *r);
  * all the same, --save, perhaps on another disk, still keeps the model. */
 static int checkpoint_failed(train_run *r)
 {
+    if (r->diverged_step >= 0)  /* no checkpoint of a diverged model, nor --save */
+        return train_report_diverged(r);
     cli_errorf("%s", r->ckpt_error);
     if (r->o.save && castor_model_epoch(r->model) >= r->o.epochs && save(r) == 0)
         fprintf(stderr, "castor: the trained model is saved in %s\n", r->o.save);
@@ -426,7 +428,7 @@ static int fit(train_run *r)
     r->fitted = 1;
     cli_progress_finish(&r->progress);
 
-    if (r->ckpt_error[0])
+    if (r->diverged_step >= 0 || r->ckpt_error[0])
         return checkpoint_failed(r);
     if (rc == CASTOR_INTERRUPTED && train_stop_signal())
         return train_report_interrupt(r);
@@ -434,9 +436,6 @@ static int fit(train_run *r)
         cli_errorf("training failed: %s", cli_why(castor_model_errmsg(r->model), rc));
         return cli_exit_for(rc);
     }
-    if (!isfinite(r->train_m.loss) && r->train_m.samples > 0)
-        fprintf(stderr, "castor: warning: the training loss is %s: training diverged (a lower "
-                        "--lr may help)\n", isnan(r->train_m.loss) ? "nan" : "infinite");
     if (train_stop_signal()) /* arrived after the last step: stop before evaluating */
         return train_report_interrupt(r);
     /* The newest checkpoint is the trained model, whatever the period. */
@@ -450,6 +449,14 @@ static int save(train_run *r)
 {
     if (!r->o.save)
         return 0;
+    /* The last step's update may have diverged though its loss had not. */
+    int finite = train_variables_finite(r, castor_model_step(r->model));
+    if (finite < 0) {
+        cli_errorf("--save %s: %s", r->o.save, r->ckpt_error);
+        return CLI_EXIT_RUNTIME;
+    }
+    if (!finite)
+        return train_report_diverged(r);
     int rc = train_save_whole(r->model, r->o.save);
     if (rc != CASTOR_OK) {
         cli_errorf("--save %s: %s", r->o.save,
@@ -499,6 +506,7 @@ int castor_cli_train(int argc, char **argv)
     run.val_loss = NAN;
     run.val_accuracy = NAN;
     run.last_ckpt_step = -1;
+    run.diverged_step = -1;
     run.ckpt_dir_lock = -1;
 
     int rc = train_parse_args(&run.o, argc, argv);

@@ -72,6 +72,10 @@ typedef struct train_run {
     int ckpt_dir_lock;        /* --checkpoint-dir held (cli_ckpt_lock); -1: not */
     char ckpt_error[CLI_PATH_MAX + 1024]; /* a failed write, reported after fit stops */
     int saved;                /* --save written */
+    /* Training diverged (a loss or a variable not finite) at this step; -1:
+     * not. The run stops without writing that model anywhere. */
+    int64_t diverged_step;
+    char diverged_why[128];
 } train_run;
 
 /* ---- train_options.c ---- */
@@ -111,6 +115,12 @@ int train_write_checkpoint(train_run *r);
 /* castor_model_save, with a second stop signal during the write held
  * back until the file is complete (it kills at once otherwise). */
 int train_save_whole(castor_model *m, const char *path);
+/* Before a model is written: 1 when every variable is finite; 0 when not
+ * (the run is marked diverged at step); -1 when they could not be read
+ * (r->ckpt_error says why). */
+int train_variables_finite(train_run *r, int64_t step);
+/* Training diverged: say where it stopped and what is kept; exit status 1. */
+int train_report_diverged(train_run *r);
 /* After a stop signal: keep what was trained, say where; 128 + the signal. */
 int train_report_interrupt(train_run *r);
 

@@ -6,11 +6,13 @@
  * The names and the pruning of the files are ckpt.c's; this file decides
  * when to write and what to say.
  */
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "args.h"
@@ -104,6 +106,62 @@ int train_stop_signal(void)
     return g_stop_signal;
 }
 
+/* ---- divergence: no model that is not finite is written ---------------------------------- */
+
+/* A NaN or infinite variable never becomes finite again, and a checkpoint of
+ * one, pruning the older ones, would leave nothing to resume from. */
+static void diverged(train_run *r, int64_t step, const char *why)
+{
+    if (r->diverged_step >= 0)
+        return;
+    r->diverged_step = step;
+    snprintf(r->diverged_why, sizeof r->diverged_why, "%s", why);
+}
+
+int train_variables_finite(train_run *r, int64_t step)
+{
+    size_t n = castor_model_num_params(r->model);
+    float *v = malloc(n ? n * sizeof *v : 1);
+    if (!v) {
+        snprintf(r->ckpt_error, sizeof r->ckpt_error,
+                 "cannot check the variables before a checkpoint: out of memory (%zu bytes)",
+                 n * sizeof *v);
+        return -1;
+    }
+    int rc = castor_model_get_params(r->model, v, n);
+    if (rc != CASTOR_OK) {
+        snprintf(r->ckpt_error, sizeof r->ckpt_error,
+                 "cannot read the variables for a checkpoint: %s",
+                 cli_why(castor_model_errmsg(r->model), rc));
+        free(v);
+        return -1;
+    }
+    size_t i = 0;
+    while (i < n && isfinite(v[i]))
+        i++;
+    free(v);
+    if (i == n)
+        return 1;
+    diverged(r, step, "its variables are not finite");
+    return 0;
+}
+
+int train_report_diverged(train_run *r)
+{
+    cli_progress_finish(&r->progress);
+    char kept[CLI_PATH_MAX + 64] = "";
+    if (r->checkpoints > 0)
+        snprintf(kept, sizeof kept, "; the newest checkpoint is %s (step %lld)", r->last_ckpt,
+                 (long long)r->last_ckpt_step);
+    const char *not_to = r->o.save && r->o.checkpoint_dir ? " (no --save, no checkpoint of it)"
+                         : r->o.save                      ? " (no --save of it)"
+                         : r->o.checkpoint_dir            ? " (no checkpoint of it)"
+                                                          : "";
+    cli_errorf("training diverged at step %lld: %s (a lower --lr may help); stopped%s%s",
+               (long long)r->diverged_step, r->diverged_why, not_to, kept);
+    return CLI_EXIT_RUNTIME;
+}
+
 /* ---- checkpoints ----------------------------------------------------------------------- */
 
 static int write_checkpoint(train_run *r)
@@ -113,6 +171,13 @@ static int write_checkpoint(train_run *r)
     if (cli_ckpt_path(path, sizeof path, r->o.checkpoint_dir, step) != 0) {
         snprintf(r->ckpt_error, sizeof r->ckpt_error, "--checkpoint-dir %s: path too long",
                  r->o.checkpoint_dir);
+        return -1;
+    }
+    int finite = train_variables_finite(r, step);
+    if (finite <= 0) {
+        if (!finite)
+            snprintf(r->ckpt_error, sizeof r->ckpt_error, "no checkpoint written: training "
+                     "diverged at step %lld (%s)", (long long)step, r->diverged_why);
         return -1;
     }
     int rc = train_save_whole(r->model, path);
@@ -158,6 +223,12 @@ int train_on_progress(void *user, const castor_progress *p)
     shown.epoch = p->epoch + (int)r->epoch0;
     shown.epochs = r->o.epochs;
     cli_progress_update(&r->progress, &shown);
+    /* The epoch's running mean: a step whose loss was not finite keeps it so. */
+    if (!isfinite(p->loss)) {
+        diverged(r, p->global_step, isnan(p->loss) ? "the training loss is nan"
+                                                   : "the training loss is infinite");
+        return 1;
+    }
     if (p->epoch_end) {
         r->val_loss = p->val_loss;
         r->val_accuracy = p->val_accuracy;

@@ -123,8 +123,8 @@ static const cli_flag train_flags[F_COUNT + 1] = {
     [F_QUIET] = {"quiet", NULL, NULL,
                  "no progress display, no library warnings, no notes, and no warning\n"
                  "that a resumed run goes on with another strategy, replica count or\n"
-                 "OpenBLAS thread count; a diverged loss, a resume on another number\n"
-                 "of training samples and a checkpoint that cannot be pruned still warn"},
+                 "OpenBLAS thread count; a resume on another number of training\n"
+                 "samples and a checkpoint that cannot be pruned still warn"},
     [F_VERBOSE] = {"verbose", NULL, NULL,
                    "describe the run on stderr, with the library's info messages"},
     [F_COUNT] = {NULL, NULL, NULL, NULL},
@@ -189,6 +189,10 @@ void castor_cli_train_usage(FILE *out)
             "A second signal ends castor at once, writing nothing more: the steps since\n"
             "the newest checkpoint are lost (one that comes while a checkpoint or --save\n"
             "is being written takes effect once that file is whole).\n"
+            "\n"
+            "Training that diverges (a step's loss, or the variables about to be\n"
+            "written, not finite) stops with status 1, naming the step; no checkpoint\n"
+            "or --save of that model is written, and the older checkpoints stay.\n"
             "Exit status 1: the run failed; 2: a flag is wrong, or\n"
             "the data, a checkpoint or --checkpoint-dir does not fit the flags.\n");
 }
