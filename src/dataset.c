@@ -355,6 +355,47 @@ CASTOR_API int castor_dataset_from_memory(castor_dataset **out, const float *x, 
     return CASTOR_OK;
 }
 
+int castor__dataset_one_hot(castor_dataset *ds, int units)
+{
+    if (!ds)
+        return CASTOR_MISUSE;
+    char *err = ds->errmsg;
+    size_t errlen = sizeof ds->errmsg;
+    if (atomic_load(&ds->in_use)) {
+        castor__errf(err, errlen, "one_hot: the dataset is in use by castor_model_fit");
+        return CASTOR_MISUSE;
+    }
+    if (!ds->labels) {
+        castor__errf(err, errlen, "one_hot: the dataset has no class labels");
+        return CASTOR_INVALID;
+    }
+    if (units <= 0 || ds->num_classes > units) {
+        castor__errf(err, errlen, "one_hot: %d units for labels up to %d", units,
+                     ds->num_classes - 1);
+        return CASTOR_INVALID;
+    }
+    size_t count, bytes;
+    if (!castor__mul_ok(ds->n, (size_t)units, &count) ||
+        !castor__mul_ok(count, sizeof(float), &bytes)) {
+        castor__errf(err, errlen, "one_hot: %zu samples of %d targets is too many", ds->n, units);
+        return CASTOR_INVALID;
+    }
+    /* The samples stay where they are: only the labels are replaced. */
+    float *targets = calloc(count ? count : 1, sizeof(float));
+    if (!targets) {
+        castor__errf(err, errlen, "one_hot: out of memory for %zu one-hot targets", ds->n);
+        return CASTOR_NOMEM;
+    }
+    for (size_t i = 0; i < ds->n; i++)
+        targets[i * (size_t)units + (size_t)ds->labels[i]] = 1.0f;
+    free(ds->labels);
+    ds->labels = NULL;
+    ds->num_classes = 0;
+    ds->targets = targets;
+    ds->target_dim = units;
+    return CASTOR_OK;
+}
+
 CASTOR_API size_t castor_dataset_size(const castor_dataset *ds)
 {
     return ds ? ds->n : 0;

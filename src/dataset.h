@@ -30,6 +30,12 @@ struct castor_dataset {
     char errmsg[CASTOR__MSG_MAX];
 };
 
+/* Replaces ds's class labels by one-hot targets of `units` floats each (a
+ * mean-squared-error model's), in place: the samples are not copied. Every
+ * label must be below units (CASTOR_INVALID); on failure ds is unchanged and
+ * its errmsg says why. */
+int castor__dataset_one_hot(castor_dataset *ds, int units);
+
 /* One IDX file (http://yann.lecun.com/exdb/mnist/ format), plain or gzip.
  * The reader treats the file as untrusted: magic, type code, rank and every
  * dimension are checked, the element count against overflow and against the

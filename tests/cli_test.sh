@@ -481,6 +481,37 @@ else
     bad "one unit is '1 unit'" "$(cat "$T/err")"
 fi
 
+# --loss mse turns the labels into one-hot targets without a second copy of
+# the samples: on 16000 images of 28x28 (49 MiB as floats) train --loss mse
+# must peak within 16 MiB of the same run with xent (it copied each set's
+# samples, and peaked 35 MiB above; eval of an MSE model copied the test set).
+BIG="$T/big"
+mkdir -p "$BIG"
+python3 - "$BIG" <<'EOF'
+import os, random, struct, sys
+rng = random.Random(7)
+for prefix, n in (("train", 16000), ("t10k", 100)):
+    labels = bytes(rng.randrange(10) for _ in range(n))
+    with open(os.path.join(sys.argv[1], prefix + "-images-idx3-ubyte"), "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, n, 28, 28) + rng.randbytes(n * 784))
+    with open(os.path.join(sys.argv[1], prefix + "-labels-idx1-ubyte"), "wb") as f:
+        f.write(struct.pack(">II", 0x801, n) + labels)
+EOF
+peak_kib() { # peak_kib ARGS...: castor's peak RSS in KiB, or -1 if it failed
+    python3 -c '
+import resource, subprocess, sys
+r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss if r.returncode == 0 else -1)' \
+        "$BIN" "$@"
+}
+xent_kib=$(peak_kib train --data "$BIG" --layers 10 --epochs 1 --batch 64 --quiet)
+mse_kib=$(peak_kib train --data "$BIG" --layers 10 --epochs 1 --batch 64 --quiet --loss mse)
+if [[ $xent_kib -gt 0 && $mse_kib -gt 0 && $((mse_kib - xent_kib)) -lt 16384 ]]; then
+    ok "train --loss mse peaks $(((mse_kib - xent_kib) / 1024)) MiB above xent: no copy of the samples"
+else
+    bad "train --loss mse: peak RSS $mse_kib KiB, xent $xent_kib KiB: want less than 16 MiB more"
+fi
+
 run "${TRAIN[@]}" --devices cpu --epochs 1 --batch 64
 if [[ $rc -eq 0 ]] && grep -q '^test: ' "$T/out" && grep -q 'accuracy' "$T/out"; then
     ok "train without --json prints a text summary"

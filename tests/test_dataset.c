@@ -392,3 +392,36 @@ Test(dataset, split_tail)
     cr_assert_eq(castor_dataset_split_tail(ds, 1, &tail), CASTOR_INVALID);
     castor_dataset_free(ds);
 }
+
+Test(dataset, one_hot_in_place)
+{
+    const float x[4 * 2] = {1, 2, 3, 4, 5, 6, 7, 8};
+    const int32_t y[4] = {2, 0, 1, 2};
+    castor_dataset *ds = NULL;
+    cr_assert_eq(castor_dataset_from_memory(&ds, x, 4, 2, y, NULL, 0), CASTOR_OK);
+    const float *samples = castor_dataset_x(ds);
+
+    /* Too few units, or none: refused, the set as it was. */
+    cr_assert_eq(castor__dataset_one_hot(ds, 2), CASTOR_INVALID);
+    cr_assert(strstr(castor_dataset_errmsg(ds), "labels up to 2"), "%s",
+              castor_dataset_errmsg(ds));
+    cr_assert_eq(castor__dataset_one_hot(ds, 0), CASTOR_INVALID);
+    cr_assert_not_null(castor_dataset_labels(ds));
+    cr_assert_null(ds->targets);
+    cr_assert_eq(ds->num_classes, 3);
+
+    cr_assert_eq(castor__dataset_one_hot(ds, 4), CASTOR_OK, "%s", castor_dataset_errmsg(ds));
+    cr_assert_eq(castor_dataset_x(ds), samples, "the samples stay where they were");
+    cr_assert_null(castor_dataset_labels(ds));
+    cr_assert_eq(ds->target_dim, 4);
+    for (int i = 0; i < 4; i++)
+        for (int k = 0; k < 4; k++)
+            cr_assert_eq(ds->targets[i * 4 + k], k == y[i] ? 1.0f : 0.0f, "sample %d unit %d",
+                         i, k);
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(castor_dataset_x(ds)[i], x[i]);
+    /* Now without labels: nothing to turn into targets. */
+    cr_assert_eq(castor__dataset_one_hot(ds, 4), CASTOR_INVALID);
+    cr_assert_eq(castor__dataset_one_hot(NULL, 4), CASTOR_MISUSE);
+    castor_dataset_free(ds);
+}

@@ -13,6 +13,7 @@
 #include "args.h"
 #include "ckpt.h"
 #include "host/cores.h"
+#include "src/dataset.h"
 #include "src/device_list.h"
 
 const char *cli_data_dir(const char *data)
@@ -112,31 +113,13 @@ int cli_one_hot_targets(castor_dataset **ds, int units, const char *which, const
     int rc = cli_check_labels(*ds, units, which, what, "one-hot targets need one per class");
     if (rc)
         return rc;
-    size_t n = castor_dataset_size(*ds);
-    const int32_t *labels = castor_dataset_labels(*ds);
-    if (units <= 0 || n > SIZE_MAX / (size_t)units) {
-        cli_errorf("%s: the %s set is too large for one-hot targets", what, which);
-        return CLI_EXIT_RUNTIME;
-    }
-    float *targets = calloc(n * (size_t)units, sizeof *targets);
-    if (!targets && n > 0) {
-        cli_errorf("%s: out of memory for the %s set's one-hot targets", what, which);
-        return CLI_EXIT_RUNTIME;
-    }
-    for (size_t i = 0; i < n; i++)
-        targets[i * (size_t)units + (size_t)labels[i]] = 1.0f;
-    castor_dataset *copy = NULL;
-    rc = castor_dataset_from_memory(&copy, castor_dataset_x(*ds), n,
-                                    castor_dataset_features(*ds), NULL, targets, units);
-    free(targets);
+    /* In place: a copy of the samples would double the data's memory. */
+    rc = castor__dataset_one_hot(*ds, units);
     if (rc != CASTOR_OK) {
         cli_errorf("%s: cannot make the %s set's one-hot targets: %s", what, which,
-                   cli_why(castor_dataset_errmsg(copy), rc));
-        castor_dataset_free(copy);
+                   cli_why(castor_dataset_errmsg(*ds), rc));
         return CLI_EXIT_RUNTIME;
     }
-    castor_dataset_free(*ds);
-    *ds = copy;
     return 0;
 }
 
