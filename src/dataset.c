@@ -157,22 +157,32 @@ CASTOR_API int castor_dataset_load_idx(castor_dataset **out, const char *images_
 }
 
 /* Where find_file looked. */
-enum { FOUND_NONE, FOUND_FILE, FOUND_DIR };
+enum { FOUND_NONE, FOUND_FILE, FOUND_DIR, FOUND_DENIED };
 
 /* Whether path names something other than a directory, a directory, or
- * nothing. What stat cannot look at for another reason than its absence
- * (no permission, a loop of links) counts as a file: reading it says why. */
+ * nothing; FOUND_DENIED when its directory may not be searched (no x
+ * permission), which is no fault of the file. What stat cannot look at for
+ * another reason than its absence (a link into a place we may not search, a
+ * loop of links) counts as a file: reading it says why. */
 static int what_is(const char *path)
 {
     struct stat st;
-    if (stat(path, &st) != 0)
-        return errno == ENOENT || errno == ENOTDIR ? FOUND_NONE : FOUND_FILE;
+    if (stat(path, &st) != 0) {
+        int e = errno;
+        if (e == ENOENT || e == ENOTDIR)
+            return FOUND_NONE;
+        /* lstat looks at the entry itself: refused too, it is the directory. */
+        if (e == EACCES && lstat(path, &st) != 0 && errno == EACCES)
+            return FOUND_DENIED;
+        return FOUND_FILE;
+    }
     return S_ISDIR(st.st_mode) ? FOUND_DIR : FOUND_FILE;
 }
 
 /* dir/name or dir/name.gz into buf: the first that is not a directory (plain
  * first), FOUND_FILE; else the first that is a directory, FOUND_DIR; else
- * FOUND_NONE. -1 if the path does not fit. */
+ * FOUND_NONE; FOUND_DENIED if dir may not be searched. -1 if the path does
+ * not fit. */
 static int find_file(const char *dir, const char *name, char *buf, size_t size)
 {
     /* "dir/" as given needs no second slash in the paths that messages show. */
@@ -183,12 +193,12 @@ static int find_file(const char *dir, const char *name, char *buf, size_t size)
         return -1;
     buf[len - 3] = '\0';
     int plain = what_is(buf);
-    if (plain == FOUND_FILE)
-        return FOUND_FILE;
+    if (plain == FOUND_FILE || plain == FOUND_DENIED)
+        return plain;
     buf[len - 3] = '.';
     int gz = what_is(buf);
-    if (gz == FOUND_FILE)
-        return FOUND_FILE;
+    if (gz == FOUND_FILE || gz == FOUND_DENIED)
+        return gz;
     if (plain == FOUND_DIR)
         buf[len - 3] = '\0';
     return plain == FOUND_DIR || gz == FOUND_DIR ? FOUND_DIR : FOUND_NONE;
@@ -248,6 +258,12 @@ CASTOR_API int castor_dataset_load_mnist_dir(castor_dataset **out, const char *d
     if (have_images < 0 || have_labels < 0) {
         castor__errf(err, errlen, "%.200s...: directory path too long", dir);
         return CASTOR_INVALID;
+    }
+    if (have_images == FOUND_DENIED || have_labels == FOUND_DENIED) {
+        char eb[128];
+        castor__errf(err, errlen, "%s: cannot look inside the directory: %s", dir,
+                     castor__strerror(EACCES, eb, sizeof eb));
+        return CASTOR_IO;
     }
     if (have_images == FOUND_DIR || have_labels == FOUND_DIR) {
         castor__errf(err, errlen, "%s: is a directory, not an IDX file",

@@ -813,6 +813,37 @@ expect_error 1 "eval: a truncated model" eval --model "$T/truncated.safetensors"
 expect_error 1 "predict: a truncated model" predict --model "$T/truncated.safetensors" --data "$DATA"
 expect_error 1 "eval: not a model" eval --model "$DATA/train-images-idx3-ubyte.gz" --data "$DATA"
 expect_error 1 "eval: missing data directory" eval --model "$SAVED" --data "$T/no-such-dir"
+# A data directory castor may not look inside (no x permission) is named as such; it
+# named DIR/t10k-images-idx3-ubyte, a file that does not exist (the data is .gz), as the
+# one it could not open. Root passes permissions: run as nobody then, if setpriv can.
+as_user=()
+if [[ $(id -u) -eq 0 ]] && command -v setpriv >/dev/null 2>&1 &&
+    setpriv --reuid=65534 --regid=65534 --clear-groups true 2>/dev/null; then
+    as_user=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+fi
+if [[ $(id -u) -ne 0 || ${#as_user[@]} -gt 0 ]]; then
+    LOCKED=$(mktemp -d "${TMPDIR:-/tmp}/castor-cli-locked.XXXXXX")
+    chmod 711 "$LOCKED"
+    mkdir "$LOCKED/data"
+    cp "$DATA"/t10k-* "$LOCKED/data/"
+    cp "$SAVED" "$LOCKED/model.safetensors"
+    chmod 644 "$LOCKED/model.safetensors"
+    chmod 600 "$LOCKED/data"  # read, but no search
+    timeout 60 "${as_user[@]}" "$BIN" eval --model "$LOCKED/model.safetensors" \
+        --data "$LOCKED/data" >"$T/out" 2>"$T/err"
+    rc=$?
+    chmod 755 "$LOCKED/data"
+    rm -rf "$LOCKED"
+    if [[ $rc -eq 1 ]] && grep -q "data: cannot look inside the directory: Permission denied" \
+        "$T/err" && ! grep -q 'idx3-ubyte' "$T/err"; then
+        ok "eval: a data directory without search permission -> 1: $(head -c 100 "$T/err")"
+    else
+        bad "eval: a data directory without search permission: want status 1, 'cannot look inside the directory'; got $rc" \
+            "$(cat "$T/err")"
+    fi
+else
+    ok "eval: a data directory without search permission: skipped (root without setpriv)"
+fi
 
 # ---- checkpoints: every N steps, the newest K kept, other files left alone -----------------
 names() { find "$1" -mindepth 1 -maxdepth 1 -printf '%f\n' 2>/dev/null | LC_ALL=C sort | tr '\n' ' '; }
