@@ -43,7 +43,8 @@ enum {
 #define ROW_DATA                                                                         \
     {"data", "fashion-mnist|DIR", "fashion-mnist",                                       \
      "the test set: t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte (plain\n"          \
-     "or .gz) in DIR; 'fashion-mnist' is $CASTOR_FASHION_MNIST, or else\n"               \
+     "or .gz) in DIR, read as train reads them (unsigned-byte pixels scaled\n"           \
+     "to [0,1]); 'fashion-mnist' is $CASTOR_FASHION_MNIST, or else\n"                    \
      CLI_DEFAULT_FASHION_MNIST}
 #define ROW_STRATEGY                                                                     \
     {"strategy", "central|mirrored", "central",                                          \

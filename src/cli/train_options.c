@@ -53,7 +53,11 @@ static const cli_flag train_flags[F_COUNT + 1] = {
                 "$CASTOR_FASHION_MNIST, or else " CLI_DEFAULT_FASHION_MNIST ";\n"
                 "DIR holds the four MNIST-style IDX files train-images-idx3-ubyte,\n"
                 "train-labels-idx1-ubyte, t10k-images-idx3-ubyte and\n"
-                "t10k-labels-idx1-ubyte, each plain or gzip'd (.gz)"},
+                "t10k-labels-idx1-ubyte, each plain or gzip'd (.gz; the plain one\n"
+                "if both are there). Unsigned-byte pixels are scaled to [0,1]; the\n"
+                "other IDX types (signed byte, short, int, float, double) are taken\n"
+                "as they are. An image may have any shape: its features are the\n"
+                "product of its dimensions"},
     [F_LAYERS] = {"layers", "SPEC", "128:relu,10",
                   "the dense layers, comma separated, each UNITS[:ACTIVATION] with\n"
                   "ACTIVATION relu, tanh, sigmoid or linear (the default); with\n"
