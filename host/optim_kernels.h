@@ -8,6 +8,7 @@
 #ifndef CASTOR_HOST_OPTIM_KERNELS_H
 #define CASTOR_HOST_OPTIM_KERNELS_H
 
+#include <float.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -15,6 +16,22 @@
 #include "castor.h"
 
 /* ---- the kernels: one pass over len variables, no calls, no aliasing ---- */
+
+/* Optimizer state below FLT_MIN is stored as 0. A variable whose gradient
+ * stays 0 (the weights of a dead ReLU unit) sees its momentum and Adam m
+ * decay by 0.9 a step and v by 0.999; in round-to-nearest a subnormal of a
+ * few ulps times 0.9 (v: up to 500 ulps times 0.999) rounds back to
+ * itself, so without this the state stayed subnormal for good, and every
+ * later update read and wrote subnormals, which x86 cores handle in
+ * microcode: the host update of a model whose dead units held 70% of its
+ * state ran 1.8 times slower on an EPYC, much more on most Intel cores.
+ * What is dropped is below 1.2e-38, which no variable's update can show.
+ * Compiles to a compare and a mask: the loops still vectorise. The CUDA
+ * kernels (device/cuda/optimizer.cu) flush alike. */
+static inline float castor__flush_tiny(float x)
+{
+    return fabsf(x) < FLT_MIN ? 0.0f : x;
+}
 
 static inline void castor__sgd_kernel(float *restrict p, const float *restrict g, size_t len,
                                       float lr)
@@ -27,7 +44,7 @@ static inline void castor__momentum_kernel(float *restrict p, const float *restr
                                            float *restrict vel, size_t len, float mu, float lr)
 {
     for (size_t i = 0; i < len; i++) {
-        vel[i] = mu * vel[i] - lr * g[i];
+        vel[i] = castor__flush_tiny(mu * vel[i] - lr * g[i]);
         p[i] += vel[i];
     }
 }
@@ -36,7 +53,7 @@ static inline void castor__nesterov_kernel(float *restrict p, const float *restr
                                            float *restrict vel, size_t len, float mu, float lr)
 {
     for (size_t i = 0; i < len; i++) {
-        vel[i] = mu * vel[i] - lr * g[i];
+        vel[i] = castor__flush_tiny(mu * vel[i] - lr * g[i]);
         p[i] += mu * vel[i] - lr * g[i];
     }
 }
@@ -57,8 +74,8 @@ static inline void castor__adam_kernel(float *restrict p, const float *restrict 
                                        float eps)
 {
     for (size_t i = 0; i < len; i++) {
-        m[i] += (g[i] - m[i]) * one_minus_b1;
-        v[i] += (g[i] * g[i] - v[i]) * one_minus_b2;
+        m[i] = castor__flush_tiny(m[i] + (g[i] - m[i]) * one_minus_b1);
+        v[i] = castor__flush_tiny(v[i] + (g[i] * g[i] - v[i]) * one_minus_b2);
         p[i] -= alpha * m[i] / (sqrtf(v[i]) + eps);
     }
 }

@@ -9,8 +9,10 @@
  * are IEEE round-to-nearest in both (nvcc's default -prec-sqrt/-prec-div).
  *
  * State layout as on the host: slot k of variable i at state[k*n + i]
- * (momentum: velocity; Adam: m then v).
+ * (momentum: velocity; Adam: m then v). State below FLT_MIN is stored as 0,
+ * on both.
  */
+#include <cfloat>
 #include <cmath>
 
 #include "device/cuda/grid.cuh"
@@ -47,6 +49,13 @@ StepConsts make_consts(const castor_optimizer *opt, int64_t step)
     return c;
 }
 
+/* State below FLT_MIN is stored as 0, as host/optim_kernels.h's
+ * castor__flush_tiny does (why: there). */
+__device__ __forceinline__ float flush_tiny(float x)
+{
+    return fabsf(x) < FLT_MIN ? 0.0f : x;
+}
+
 /* p -= lr * g */
 __global__ void sgd_kernel(float *p, const float *g, size_t n, float lr)
 {
@@ -62,7 +71,7 @@ __global__ void momentum_kernel(float *p, const float *g, float *vel, size_t n, 
 {
     for (size_t i = grid_start(); i < n; i += grid_stride()) {
         float lg = __fmul_rn(lr, g[i]);
-        float v = __fsub_rn(__fmul_rn(mu, vel[i]), lg);
+        float v = flush_tiny(__fsub_rn(__fmul_rn(mu, vel[i]), lg));
         vel[i] = v;
         p[i] = __fadd_rn(p[i], NESTEROV ? __fsub_rn(__fmul_rn(mu, v), lg) : v);
     }
@@ -80,8 +89,9 @@ __global__ void adam_kernel(float *p, const float *g, float *m, float *v, size_t
         float pi = p[i], gi = g[i];
         if (DECAY)
             pi = __fsub_rn(pi, __fmul_rn(lr_wd, pi));
-        float mi = __fadd_rn(m[i], __fmul_rn(__fsub_rn(gi, m[i]), one_minus_b1));
-        float vi = __fadd_rn(v[i], __fmul_rn(__fsub_rn(__fmul_rn(gi, gi), v[i]), one_minus_b2));
+        float mi = flush_tiny(__fadd_rn(m[i], __fmul_rn(__fsub_rn(gi, m[i]), one_minus_b1)));
+        float vi = flush_tiny(
+            __fadd_rn(v[i], __fmul_rn(__fsub_rn(__fmul_rn(gi, gi), v[i]), one_minus_b2)));
         m[i] = mi;
         v[i] = vi;
         p[i] = __fsub_rn(pi, __fdiv_rn(__fmul_rn(alpha, mi), __fadd_rn(__fsqrt_rn(vi), eps)));
