@@ -264,6 +264,12 @@ CASTOR_API int castor_model_layers_spec(const castor_model *model, char *buf, si
  * checkpoint keeps both). */
 CASTOR_API int castor_model_get_params(castor_model *model, float *dst, size_t count);
 CASTOR_API int castor_model_set_params(castor_model *model, const float *src, size_t count);
+/* *finite: 1 when every variable and every value of the optimizer state is
+ * finite, 0 when one is NaN or infinite: the model has diverged, and no
+ * training brings such a value back (Adam's v can overflow while the
+ * variables stay finite). Reads them from the devices as get_params does,
+ * without copying them out; may be called from fit's progress callback. */
+CASTOR_API int castor_model_all_finite(castor_model *model, int *finite);
 /* Optimizer steps taken so far. */
 CASTOR_API int64_t castor_model_step(const castor_model *model);
 

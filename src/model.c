@@ -381,6 +381,30 @@ int castor_model_get_params(castor_model *m, float *dst, size_t count)
     return CASTOR_OK;
 }
 
+static int floats_finite(const float *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return 0;
+    return 1;
+}
+
+int castor_model_all_finite(castor_model *m, int *finite)
+{
+    if (!m)
+        return CASTOR_MISUSE;
+    if (!finite)
+        return castor__model_fail(m, CASTOR_MISUSE, "all_finite: finite is NULL");
+    int rc = castor__model_ready(m, "all_finite");
+    if (rc)
+        return rc;
+    if ((rc = m->strategy->ops->pull(m)))
+        return rc;
+    *finite = floats_finite(m->params.ptr, m->n_params) &&
+              floats_finite(m->opt_state.ptr, (size_t)m->opt_slots * m->n_params);
+    return CASTOR_OK;
+}
+
 int castor_model_set_params(castor_model *m, const float *src, size_t count)
 {
     if (!m)

@@ -413,3 +413,64 @@ Test(numerics, a_nan_variable_shows_in_the_loss)
             castor_strategy_free(s);
         }
 }
+
+/* castor_model_all_finite sees a diverged optimizer state, not only a
+ * diverged variable: inputs of 1e30 make Adam's v overflow (g * g = inf)
+ * while its update, m / (sqrt(inf) + eps), is 0 and every variable stays
+ * finite; the next step's v is inf - inf = NaN, so such a model cannot
+ * train on. Then a plain SGD step of the same gradients makes the
+ * variables themselves infinite. Central and mirrored on cpu:2. */
+Test(numerics, all_finite_sees_the_optimizer_state)
+{
+    data d;
+    make_data(&d, 9);
+    for (int i = 0; i < NS * NF; i++)
+        d.x[i] *= 1e30f;
+    for (int k = 0; k < 2; k++) {
+        const char *kind = castor_strategy_kind_name((castor_strategy_kind)k);
+        castor_strategy *s = NULL;
+        cr_assert_eq(castor_strategy_create(&s, (castor_strategy_kind)k, "cpu:2", NULL),
+                     CASTOR_OK);
+        castor_model *m = NULL;
+        cr_assert_eq(castor_model_create(&m, NF), CASTOR_OK);
+        cr_assert_eq(castor_model_add_layers(m, "3"), CASTOR_OK);
+        cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 5), CASTOR_OK);
+        castor_dataset *ds = make_dataset(&d, CASTOR_LOSS_SOFTMAX_XENT);
+        int finite = -1;
+        cr_assert_eq(castor_model_all_finite(m, &finite), CASTOR_OK);
+        cr_assert_eq(finite, 1, "%s: a fresh model is not finite", kind);
+        castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+        fo.batch_size = NS;
+        fo.max_steps = 1;
+        castor_metrics met;
+        cr_assert_eq(castor_model_fit(m, ds, &fo, &met), CASTOR_OK, "%s",
+                     castor_model_errmsg(m));
+        size_t np = castor_model_num_params(m);
+        float *p = malloc(np * sizeof *p);
+        cr_assert_eq(castor_model_get_params(m, p, np), CASTOR_OK);
+        for (size_t i = 0; i < np; i++)
+            cr_assert(isfinite(p[i]), "%s: variable %zu is %g: the test needs them finite", kind,
+                      i, p[i]);
+        cr_assert_eq(castor_model_all_finite(m, &finite), CASTOR_OK, "%s",
+                     castor_model_errmsg(m));
+        cr_assert_eq(finite, 0, "%s: Adam's v overflowed, and all_finite says finite", kind);
+        free(p);
+        castor_model_free(m);
+        /* SGD: the variables themselves. */
+        m = NULL;
+        cr_assert_eq(castor_model_create(&m, NF), CASTOR_OK);
+        cr_assert_eq(castor_model_add_layers(m, "3"), CASTOR_OK);
+        castor_optimizer sgd = castor_optimizer_defaults(CASTOR_OPT_SGD);
+        sgd.learning_rate = 1e30f;
+        cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, &sgd, 5), CASTOR_OK);
+        cr_assert_eq(castor_model_fit(m, ds, &fo, &met), CASTOR_OK);
+        cr_assert_eq(castor_model_all_finite(m, &finite), CASTOR_OK);
+        cr_assert_eq(finite, 0, "%s: SGD's step made the variables infinite, all_finite says "
+                     "finite", kind);
+        cr_assert_eq(castor_model_all_finite(m, NULL), CASTOR_MISUSE);
+        cr_assert_eq(castor_model_all_finite(NULL, &finite), CASTOR_MISUSE);
+        castor_dataset_free(ds);
+        castor_model_free(m);
+        castor_strategy_free(s);
+    }
+}

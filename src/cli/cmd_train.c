@@ -10,8 +10,8 @@
  *              -> evaluate  -> report
  *
  * This file holds the flow; the flags are in train_options.c, --resume in
- * train_resume.c, the checkpoints written while fitting and the stop on
- * SIGINT/SIGTERM in train_ckpt.c, and the report in train_report.c.
+ * train_resume.c, the checkpoints written while fitting, the stop on a
+ * signal and on divergence in train_ckpt.c, and the report in train_report.c.
  */
 #include <errno.h>
 #include <math.h>
@@ -436,6 +436,16 @@ static int fit(train_run *r)
         cli_errorf("training failed: %s", cli_why(castor_model_errmsg(r->model), rc));
         return cli_exit_for(rc);
     }
+    /* The last step's update may have diverged though its loss had not: no
+     * --save nor checkpoint of it then, and no evaluation. */
+    char err[CLI_PATH_MAX + 256];
+    int finite = train_model_finite(r, err, sizeof err);
+    if (finite < 0) {
+        cli_errorf("training failed: %s", err);
+        return CLI_EXIT_RUNTIME;
+    }
+    if (!finite)
+        return train_report_diverged(r);
     if (train_stop_signal()) /* arrived after the last step: stop before evaluating */
         return train_report_interrupt(r);
     /* The newest checkpoint is the trained model, whatever the period. */
@@ -449,14 +459,6 @@ static int save(train_run *r)
 {
     if (!r->o.save)
         return 0;
-    /* The last step's update may have diverged though its loss had not. */
-    int finite = train_variables_finite(r, castor_model_step(r->model));
-    if (finite < 0) {
-        cli_errorf("--save %s: %s", r->o.save, r->ckpt_error);
-        return CLI_EXIT_RUNTIME;
-    }
-    if (!finite)
-        return train_report_diverged(r);
     int rc = train_save_whole(r->model, r->o.save);
     if (rc != CASTOR_OK) {
         cli_errorf("--save %s: %s", r->o.save,

@@ -115,10 +115,10 @@ int train_write_checkpoint(train_run *r);
 /* castor_model_save, with a second stop signal during the write held
  * back until the file is complete (it kills at once otherwise). */
 int train_save_whole(castor_model *m, const char *path);
-/* Before a model is written: 1 when every variable is finite; 0 when not
- * (the run is marked diverged at step); -1 when they could not be read
- * (r->ckpt_error says why). */
-int train_variables_finite(train_run *r, int64_t step);
+/* Whether the model's variables and optimizer state are all finite: 1; 0
+ * when not (the run is then marked diverged at the model's step); -1 when
+ * they could not be read (err says why). */
+int train_model_finite(train_run *r, char *err, size_t errlen);
 /* Training diverged: say where it stopped and what is kept; exit status 1. */
 int train_report_diverged(train_run *r);
 /* After a stop signal: keep what was trained, say where; 128 + the signal. */

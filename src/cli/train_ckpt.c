@@ -118,32 +118,19 @@ static void diverged(train_run *r, int64_t step, const char *why)
     snprintf(r->diverged_why, sizeof r->diverged_why, "%s", why);
 }
 
-int train_variables_finite(train_run *r, int64_t step)
+int train_model_finite(train_run *r, char *err, size_t errlen)
 {
-    size_t n = castor_model_num_params(r->model);
-    float *v = malloc(n ? n * sizeof *v : 1);
-    if (!v) {
-        snprintf(r->ckpt_error, sizeof r->ckpt_error,
-                 "cannot check the variables before a checkpoint: out of memory (%zu bytes)",
-                 n * sizeof *v);
-        return -1;
-    }
-    int rc = castor_model_get_params(r->model, v, n);
+    int finite = 0;
+    int rc = castor_model_all_finite(r->model, &finite);
     if (rc != CASTOR_OK) {
-        snprintf(r->ckpt_error, sizeof r->ckpt_error,
-                 "cannot read the variables for a checkpoint: %s",
+        snprintf(err, errlen, "cannot read the model to check that it is finite: %s",
                  cli_why(castor_model_errmsg(r->model), rc));
-        free(v);
         return -1;
     }
-    size_t i = 0;
-    while (i < n && isfinite(v[i]))
-        i++;
-    free(v);
-    if (i == n)
-        return 1;
-    diverged(r, step, "its variables are not finite");
-    return 0;
+    if (!finite)
+        diverged(r, castor_model_step(r->model),
+                 "its variables or optimizer state are not finite");
+    return finite;
 }
 
 int train_report_diverged(train_run *r)
@@ -153,11 +140,15 @@ int train_report_diverged(train_run *r)
     if (r->checkpoints > 0)
         snprintf(kept, sizeof kept, "; the newest checkpoint is %s (step %lld)", r->last_ckpt,
                  (long long)r->last_ckpt_step);
+    else if (r->resumed_from[0])
+        snprintf(kept, sizeof kept, "; the run resumed from %s", r->resumed_from);
     const char *not_to = r->o.save && r->o.checkpoint_dir ? " (no --save, no checkpoint of it)"
                          : r->o.save                      ? " (no --save of it)"
                          : r->o.checkpoint_dir            ? " (no checkpoint of it)"
                                                           : "";
-    cli_errorf("training diverged at step %lld: %s (a lower --lr may help); stopped%s%s",
+    /* --resume keeps the checkpoint's --lr: a lower one is a fresh run. */
+    cli_errorf("training diverged at step %lld: %s (a fresh run with a lower --lr may help); "
+               "stopped%s%s",
                (long long)r->diverged_step, r->diverged_why, not_to, kept);
     return CLI_EXIT_RUNTIME;
 }
@@ -173,21 +164,26 @@ static int write_checkpoint(train_run *r)
                  r->o.checkpoint_dir);
         return -1;
     }
-    int finite = train_variables_finite(r, step);
-    if (finite <= 0) {
-        if (!finite)
-            snprintf(r->ckpt_error, sizeof r->ckpt_error, "no checkpoint written: training "
-                     "diverged at step %lld (%s)", (long long)step, r->diverged_why);
+    /* Only one written while fitting, with epochs to go, stops training
+     * early; at the end or on a signal it has stopped already. */
+    char stopped[64] = "";
+    if (!r->fitted && castor_model_epoch(r->model) < r->o.epochs)
+        snprintf(stopped, sizeof stopped, " (training stopped at step %lld)", (long long)step);
+    /* A checkpoint of a diverged model would prune one to go back to. */
+    char why[512];
+    int finite = train_model_finite(r, why, sizeof why);
+    if (finite < 0) {
+        snprintf(r->ckpt_error, sizeof r->ckpt_error, "cannot write the checkpoint %s: %s%s",
+                 path, why, stopped);
+        return -1;
+    }
+    if (!finite) {
+        snprintf(r->ckpt_error, sizeof r->ckpt_error, "no checkpoint written: training "
+                 "diverged at step %lld (%s)", (long long)step, r->diverged_why);
         return -1;
     }
     int rc = train_save_whole(r->model, path);
     if (rc != CASTOR_OK) {
-        /* Only one written while fitting, with epochs to go, stops training
-         * early; at the end or on a signal it has stopped already. */
-        char stopped[64] = "";
-        if (!r->fitted && castor_model_epoch(r->model) < r->o.epochs)
-            snprintf(stopped, sizeof stopped, " (training stopped at step %lld)",
-                     (long long)step);
         snprintf(r->ckpt_error, sizeof r->ckpt_error, "cannot write the checkpoint %s: %s%s",
                  path, cli_why(cli_about_file(castor_model_errmsg(r->model), path), rc),
                  stopped);

@@ -105,10 +105,9 @@ static const cli_flag train_flags[F_COUNT + 1] = {
                           "write checkpoints DIR/ckpt-<step, 12 digits>.safetensors (DIR is\n"
                           "created if missing) every --checkpoint-every, at the end of\n"
                           "training, and when a signal (SIGINT, SIGTERM, SIGHUP) stops it\n"
-                          "after a step;\n"
-                          "DIR may hold no checkpoints but this run's own past (resumed\n"
-                          "with --resume), and one run at a time writes into it: another\n"
-                          "one given DIR meanwhile is refused"},
+                          "after a step; DIR may hold no checkpoints but this run's own\n"
+                          "past (resumed with --resume), and one run at a time writes into\n"
+                          "it: another one given DIR meanwhile is refused"},
     [F_CHECKPOINT_EVERY] = {"checkpoint-every", "N|epoch", "epoch",
                             "a checkpoint every N optimizer steps (1 to 2147483647), or at\n"
                             "the end of every epoch (needs --checkpoint-dir)"},
@@ -194,9 +193,10 @@ void castor_cli_train_usage(FILE *out)
             "the newest checkpoint are lost (one that comes while a checkpoint or --save\n"
             "is being written takes effect once that file is whole).\n"
             "\n"
-            "Training that diverges (a step's loss, or the variables about to be\n"
-            "written, not finite) stops with status 1, naming the step; no checkpoint\n"
-            "or --save of that model is written, and the older checkpoints stay.\n"
+            "Training that diverges (a step's loss, or the variables or optimizer state\n"
+            "about to be written or at the end, not finite) stops with status 1, naming\n"
+            "the step; no checkpoint or --save of that model is written, and the older\n"
+            "checkpoints stay.\n"
             "Exit status 1: the run failed; 2: a flag is wrong, or\n"
             "the data, a checkpoint or --checkpoint-dir does not fit the flags.\n");
 }
