@@ -261,7 +261,11 @@ CASTOR_API int castor_model_layers_spec(const castor_model *model, char *buf, si
  * get_params or save), as the replicas' own can no longer be trusted,
  * and so does the count of steps that state has taken, which Adam's bias
  * correction reads (castor_model_step goes on counting every step; a
- * checkpoint keeps both). */
+ * checkpoint keeps both). A mirrored get_params or save that failed
+ * (CASTOR_DEVICE) may have left that copy part old, part new: until a
+ * get_params, save or load succeeds, such a recovery is refused
+ * (CASTOR_DEVICE, the model still refusing work) and only
+ * castor_model_load recovers the model. */
 CASTOR_API int castor_model_get_params(castor_model *model, float *dst, size_t count);
 CASTOR_API int castor_model_set_params(castor_model *model, const float *src, size_t count);
 /* *finite: 1 when every variable and every value of the optimizer state is

@@ -326,6 +326,7 @@ static int load_parsed(castor_model *m, const castor__st_file *f, const char *pa
     m->seed = info.seed;
     m->step = info.step;
     m->opt_step = m->host_opt_step = info.optimizer_step;
+    m->host_state_torn = 0;
     m->epoch = info.epoch;
     m->step_in_epoch = info.step_in_epoch;
     m->epoch_batch = info.epoch_batch;

@@ -260,15 +260,23 @@ static int mirrored_pull(castor_model *m)
     cdev *dev = r->dev;
     int rc = cdev_copy_d2h(dev, CDEV_STREAM_COMPUTE, m->params.ptr, r->d_params,
                            m->n_params * sizeof(float));
-    if (!rc && r->d_state)
+    if (!rc && r->d_state) {
+        /* Once this copy is queued, the host's state is host_opt_step's
+         * only if it never ran, and the step's after it only if it ran
+         * whole: a failure reported by synchronize leaves either, or a part
+         * of each (a GPU's copy that faulted part-way). Until it is known
+         * to have landed, the copy is no state to recover to. */
+        m->host_state_torn = 1;
         rc = cdev_copy_d2h(dev, CDEV_STREAM_COMPUTE, m->opt_state.ptr, r->d_state,
                            r->state_bytes);
+    }
     /* A copy queued before a failure must not land in the host's buffers
      * later, over what a load or set_params puts there. */
     if ((rc = finish_on_replica0(m, dev, rc)))
         return rc;
     m->host_params_current = 1;
     m->host_opt_step = m->opt_step;
+    m->host_state_torn = 0;
     return CASTOR_OK;
 }
 

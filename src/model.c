@@ -35,8 +35,11 @@ int castor__model_ready(castor_model *m, const char *what)
     if (m->inconsistent)
         return castor__model_fail(m, CASTOR_DEVICE,
                                   "%s: a device failed during an update and the replicas may "
-                                  "disagree; set the parameters again or load a checkpoint",
-                                  what);
+                                  "disagree; %s",
+                                  what, m->host_state_torn
+                                            ? "load a checkpoint (the host's copy of the "
+                                              "optimizer state is incomplete)"
+                                            : "set the parameters again or load a checkpoint");
     return CASTOR_OK;
 }
 
@@ -271,6 +274,7 @@ int castor_model_compile(castor_model *m, castor_strategy *s, castor_loss loss,
     castor__host_free(&m->opt_state);
     m->step = m->epoch = m->step_in_epoch = 0;
     m->opt_step = m->host_opt_step = 0;
+    m->host_state_torn = 0;
     m->epoch_batch = 0;
     m->epoch_samples = 0;
     m->epoch_shuffle = -1;
@@ -423,7 +427,14 @@ int castor_model_set_params(castor_model *m, const float *src, size_t count)
         if (!isfinite(src[i]))
             return castor__model_fail(m, CASTOR_INVALID, "set_params: value %zu is not finite",
                                       i);
-    /* The optimizer state must be current before the push sends it back. */
+    /* The optimizer state must be current before the push sends it back;
+     * recovering, the host's copy is all there is, if it is whole. */
+    if (m->inconsistent && m->host_state_torn)
+        return castor__model_fail(m, CASTOR_DEVICE,
+                                  "set_params: cannot recover the replicas: the host's copy of "
+                                  "the optimizer state is incomplete (reading it back from "
+                                  "replica 0 failed in an earlier get_params or save); load a "
+                                  "checkpoint");
     rc = m->inconsistent ? CASTOR_OK : m->strategy->ops->pull(m);
     if (rc)
         return rc;

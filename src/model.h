@@ -52,6 +52,12 @@ struct castor_model {
      * recovery took the state back to an older host copy (set_params). */
     int64_t opt_step;
     int64_t host_opt_step;   /* opt_step of the host's copy of the state */
+    /* The host's copy of the state may be part one step's, part another's:
+     * a read-back from replica 0 into it failed (mirrored get_params or
+     * save), and a failed copy may have landed in full, in part or not at
+     * all. Recovery by set_params refuses it; a read-back or load that
+     * succeeds makes the copy whole again. */
+    int host_state_torn;
     int64_t epoch;           /* epochs completed */
     int64_t step_in_epoch;   /* steps done in the epoch in progress */
     int epoch_batch;         /* batch size of the epoch in progress */

@@ -401,3 +401,96 @@ Test(faults, recovery_takes_adams_step_count_back_with_its_state)
     castor_strategy_free(s);
     castor_dataset_free(ds);
 }
+
+/* A mirrored get_params that fails part-way may have written some of
+ * replica 0's optimizer state into the host's copy, all of it, or none (a
+ * copy that fails as queued work may have landed before the failure is
+ * reported, or in part), while the host's count of that state's steps stays
+ * the old one. set_params recovery restores that copy: it must either be
+ * the copy the count says (the step after recovery is that of a model at
+ * step 2) or be refused, leaving load to recover. Every fault of every call
+ * get_params makes on replica 0, at once and as queued work. */
+Test(faults, recovery_after_a_failed_read_back_restores_no_torn_state)
+{
+    fault_scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu:2", 12, 12, 2, 0};
+    castor_dataset *ds = support_synthetic(3, sc.n, F, C);
+    char *dir = support_tmpdir();
+    char path[4200];
+    snprintf(path, sizeof path, "%s/at2.safetensors", dir);
+    castor_strategy *s = NULL;
+    castor_model *m = fault_make(&sc, &s);
+    cr_assert_eq(whole_batch_steps(m, ds, 3), CASTOR_OK, "%s", castor_model_errmsg(m));
+    float *want = fault_params_of(m);
+    size_t np = castor_model_num_params(m);
+    castor_model_free(m);
+    castor_strategy_free(s);
+    float *p = malloc(np * sizeof *p);
+
+    /* The calls a get_params makes on replica 0. */
+    m = fault_make(&sc, &s);
+    cr_assert_eq(whole_batch_steps(m, ds, 1), CASTOR_OK);
+    fault_inject(s);
+    cr_assert_eq(castor_model_get_params(m, p, np), CASTOR_OK, "%s", castor_model_errmsg(m));
+    long counts[MAXDEV][OP_N];
+    fault_take_counts(counts);
+    castor_model_free(m);
+    castor_strategy_free(s);
+
+    int cases = 0, refused = 0;
+    for (int async = 0; async < 2; async++)
+        for (int op = 0; op < OP_N; op++)
+            for (long at = 1; at <= counts[0][op]; at++) {
+                char what[160];
+                snprintf(what, sizeof what, "get_params: %s #%ld on replica 0%s",
+                         fault_op_names[op], at, async ? " (queued)" : "");
+                m = fault_make(&sc, &s);
+                cr_assert_eq(whole_batch_steps(m, ds, 2), CASTOR_OK);
+                float *at2 = fault_params_of(m);  /* the host's copy of the state: step 2's */
+                cr_assert_eq(castor_model_save(m, path), CASTOR_OK, "%s",
+                             castor_model_errmsg(m));
+                cr_assert_eq(whole_batch_steps(m, ds, 1), CASTOR_OK);
+                fault_arm(s, s->devs[0], op, at, async);
+                int rc = castor_model_get_params(m, p, np);
+                fault_uninject();
+                cr_assert(fault_failed, "%s: not reached", what);
+                cr_assert_eq(rc, CASTOR_DEVICE, "%s: %s", what, castor_model_errmsg(m));
+                /* Replica 1's update fails after replica 0's was applied. */
+                fault_arm(s, s->devs[1], OP_OPTIM, 1, 0);
+                rc = whole_batch_steps(m, ds, 1);
+                fault_uninject();
+                cr_assert_eq(rc, CASTOR_DEVICE, "%s: %s", what, castor_model_errmsg(m));
+                cr_assert(m->inconsistent, "%s", what);
+                rc = castor_model_set_params(m, at2, np);
+                if (rc) {
+                    cr_assert_eq(rc, CASTOR_DEVICE, "%s: %s", what, castor_model_errmsg(m));
+                    cr_assert(strstr(castor_model_errmsg(m), "load a checkpoint"),
+                              "%s: message '%s'", what, castor_model_errmsg(m));
+                    castor_metrics met;
+                    cr_assert_eq(castor_model_evaluate(m, ds, sc.batch, &met), CASTOR_DEVICE,
+                                 "%s: refused recovery, yet it works", what);
+                    cr_assert_eq(castor_model_load(m, path), CASTOR_OK, "%s: %s", what,
+                                 castor_model_errmsg(m));
+                    refused++;
+                }
+                cr_assert_eq(whole_batch_steps(m, ds, 1), CASTOR_OK, "%s: %s", what,
+                             castor_model_errmsg(m));
+                float *got = fault_params_of(m);
+                size_t differ = 0;
+                for (size_t i = 0; i < np; i++)
+                    differ += got[i] != want[i];
+                cr_assert_eq(differ, 0, "%s: recovered %s, %zu of %zu variables differ from "
+                             "the third step of a model at step 2", what,
+                             rc ? "by load" : "by set_params", differ, np);
+                free(got);
+                free(at2);
+                castor_model_free(m);
+                castor_strategy_free(s);
+                cases++;
+            }
+    cr_log_info("torn state: %d faults, %d recoveries refused", cases, refused);
+    free(p);
+    support_rmrf(dir);
+    free(dir);
+    free(want);
+    castor_dataset_free(ds);
+}
