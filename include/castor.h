@@ -358,7 +358,9 @@ typedef struct castor_fit_options {
  * none ended. An epoch left part-way (max_steps, a stop, a checkpoint taken
  * mid-epoch) is finished first, over the order of samples it started with:
  * fit returns CASTOR_MISMATCH, training nothing, unless the batch size, the
- * number of training samples and the shuffle flag are the epoch's. */
+ * number of training samples and the shuffle flag are the epoch's. A model
+ * loaded with variables or optimizer state that are not finite is refused
+ * (CASTOR_INVALID; see castor_model_load). */
 CASTOR_API int castor_model_fit(castor_model *model, const castor_dataset *train,
                                 const castor_fit_options *options, castor_metrics *last_epoch);
 /* evaluate and predict run batch_size samples at a time, split over the
@@ -418,7 +420,13 @@ CASTOR_API int castor_model_save(castor_model *model, const char *path);
  * error the model is unchanged, but one: when a mirrored model's device
  * fails while the loaded values are placed on it (CASTOR_DEVICE), the
  * model holds the file's values on the host and, as after a failed update,
- * refuses work until a load or castor_model_set_params succeeds. */
+ * refuses work until a load or castor_model_set_params succeeds.
+ * Values that are not finite (NaN, inf: what castor_model_save writes of a
+ * model whose training diverged) are loaded as they are, so that evaluate,
+ * predict and get_params can inspect such a model; castor_model_fit
+ * refuses to train from them (CASTOR_INVALID) until finite values replace
+ * them: castor_model_set_params for the variables (set_params itself takes
+ * finite values only), a load for variables and optimizer state. */
 CASTOR_API int castor_model_load(castor_model *model, const char *path);
 /* Create and compile a model from a checkpoint's architecture on a strategy,
  * then load it. A failed open hands out a model that is not compiled, for

@@ -327,6 +327,8 @@ static int load_parsed(castor_model *m, const castor__st_file *f, const char *pa
     m->step = info.step;
     m->opt_step = m->host_opt_step = info.optimizer_step;
     m->host_state_torn = 0;
+    /* Taken as it is, for evaluate and predict; fit refuses it. */
+    m->nonfinite = castor__model_host_nonfinite(m);
     m->epoch = info.epoch;
     m->step_in_epoch = info.step_in_epoch;
     m->epoch_batch = info.epoch_batch;

@@ -27,6 +27,16 @@ int castor__model_fail(castor_model *m, int code, const char *fmt, ...)
     return code;
 }
 
+int castor__model_host_nonfinite(const castor_model *m)
+{
+    int flags = 0;
+    if (!castor__all_finite(m->params.ptr, m->n_params))
+        flags |= CASTOR__NONFINITE_PARAMS;
+    if (!castor__all_finite(m->opt_state.ptr, (size_t)m->opt_slots * m->n_params))
+        flags |= CASTOR__NONFINITE_STATE;
+    return flags;
+}
+
 int castor__model_ready(castor_model *m, const char *what)
 {
     if (!m->compiled || !m->strategy)
@@ -275,6 +285,7 @@ int castor_model_compile(castor_model *m, castor_strategy *s, castor_loss loss,
     m->step = m->epoch = m->step_in_epoch = 0;
     m->opt_step = m->host_opt_step = 0;
     m->host_state_torn = 0;
+    m->nonfinite = 0;
     m->epoch_batch = 0;
     m->epoch_samples = 0;
     m->epoch_shuffle = -1;
@@ -442,6 +453,8 @@ int castor_model_set_params(castor_model *m, const float *src, size_t count)
      * steps it has taken: Adam's bias correction must count those. */
     m->opt_step = m->host_opt_step;
     memcpy(m->params.ptr, src, count * sizeof(float));
+    /* The variables are finite now; a state loaded with NaN or inf stays. */
+    m->nonfinite = castor__model_host_nonfinite(m) & CASTOR__NONFINITE_STATE;
     m->params_version++;
     return m->strategy->ops->push(m);
 }

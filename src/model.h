@@ -68,6 +68,12 @@ struct castor_model {
     int epoch_shuffle;
     uint64_t params_version; /* bumped whenever the variables change */
 
+    /* What a load placed that is not finite (NaN or inf), which fit
+     * refuses to train from: NONFINITE_PARAMS, NONFINITE_STATE. Cleared by
+     * compile and by a load of finite values; set_params clears the first
+     * (its values are finite) and looks at the state again. */
+    int nonfinite;
+
     /* Set when a device failed half-way through an update that the strategy
      * cannot roll back (mirrored): the replicas may disagree. */
     int inconsistent;
@@ -80,8 +86,13 @@ struct castor_model {
     char errmsg[CASTOR__MSG_MAX];
 };
 
+enum { CASTOR__NONFINITE_PARAMS = 1, CASTOR__NONFINITE_STATE = 2 };
+
 int castor__model_fail(castor_model *m, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Which of the host's copies (variables, optimizer state) hold a value that
+ * is not finite: CASTOR__NONFINITE_* flags. */
+int castor__model_host_nonfinite(const castor_model *m);
 /* Checks shared by fit/evaluate/predict: compiled, consistent. */
 int castor__model_ready(castor_model *m, const char *what);
 /* CASTOR_MISUSE, said on m, when called from fit's progress callback. */

@@ -220,6 +220,21 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
     if ((rc = castor__model_not_fitting(m, "fit")) || (rc = castor__model_ready(m, "fit")) ||
         (rc = check_data(m, train, "fit")))
         return rc;
+    if (m->nonfinite)
+        return castor__model_fail(m, CASTOR_INVALID,
+                                  "fit: the %s loaded from the checkpoint %s not finite (NaN or "
+                                  "inf): training from %s is pointless; %s",
+                                  m->nonfinite & CASTOR__NONFINITE_PARAMS
+                                      ? (m->nonfinite & CASTOR__NONFINITE_STATE
+                                             ? "variables and optimizer state"
+                                             : "variables")
+                                      : "optimizer state",
+                                  m->nonfinite & CASTOR__NONFINITE_PARAMS ? "are" : "is",
+                                  m->nonfinite & CASTOR__NONFINITE_PARAMS ? "them" : "it",
+                                  m->nonfinite & CASTOR__NONFINITE_STATE
+                                      ? "load another checkpoint"
+                                      : "set finite ones (castor_model_set_params) or load "
+                                        "another checkpoint");
     if (o->epochs <= 0)
         return castor__model_fail(m, CASTOR_INVALID, "fit: epochs must be positive, not %d",
                                   o->epochs);

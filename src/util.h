@@ -40,6 +40,9 @@ int castor__ascii_ieq(const char *a, const char *b);
 /* The first n characters of a and b likewise (no NUL needed within them). */
 int castor__ascii_ieqn(const char *a, const char *b, size_t n);
 
+/* Whether each of the n floats at v is finite (no NaN, no inf). */
+int castor__all_finite(const float *v, size_t n);
+
 /* a * b into *out unless it overflows size_t; returns 0 on overflow. */
 int castor__mul_ok(size_t a, size_t b, size_t *out);
 

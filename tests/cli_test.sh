@@ -1635,6 +1635,17 @@ else
     bad "predict of a diverged model: status $rc" "$(cat "$T/out" "$T/err")"
 fi
 
+# ... and training from it is refused before it starts, in --resume's words (fit refuses a
+# model loaded with variables that are not finite; it trained a step into 'diverged' before)
+run train --data "$DATA" --resume "$T/diverged.safetensors" --epochs 2 --quiet \
+    --save "$T/dv-out.safetensors"
+if [[ $rc -eq 1 && $(lines "$T/err") -eq 1 && ! -e "$T/dv-out.safetensors" ]] &&
+    grep -q "^castor: --resume $T/diverged.safetensors: its variables are not finite" "$T/err"; then
+    ok "--resume of a diverged model -> 1, before training"
+else
+    bad "--resume of a diverged model: status $rc" "$(cat "$T/err")"
+fi
+
 # ---- a read-only --checkpoint-dir is refused before training -------------------------------
 # (it trained up to the first checkpoint, an epoch, then failed). Root writes
 # anywhere: the run is made as nobody then.

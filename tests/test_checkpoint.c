@@ -615,3 +615,78 @@ Test(checkpoint, a_file_name_near_name_max_saves)
     free(path);
     ckpt_teardown(&fx);
 }
+
+/* ---- a checkpoint of a diverged model ---------------------------------------------- */
+
+/* What castor_model_save writes of a model whose training diverged (NaN or
+ * inf in its variables, or in its optimizer state only) is a file to
+ * inspect: load takes it, and evaluate, predict and get_params show the
+ * values. Training from it is pointless: fit refuses it, changing nothing,
+ * until finite values are set or loaded. */
+static void diverged_checkpoint(castor_strategy_kind kind, const char *devices, int in_state)
+{
+    char *dir = support_tmpdir();
+    char *good = ckpt_path_in(dir, "good.safetensors");
+    char *bad = ckpt_path_in(dir, "diverged.safetensors");
+    castor_dataset *ds = ckpt_synthetic();
+    castor_strategy *s = ckpt_make_strategy(kind, devices);
+    castor_model *m = ckpt_make_model(s, LAYERS, ckpt_make_opt(CASTOR_OPT_ADAM), 42);
+    ckpt_train_steps(m, ds, 3);
+    cr_assert_eq(castor_model_save(m, good), CASTOR_OK, "%s", castor_model_errmsg(m));
+    snap a = ckpt_take(m);  /* the host's copies are current: save writes them */
+    if (in_state)
+        ((float *)m->opt_state.ptr)[a.n + 5] = INFINITY;  /* an adam_v overflowed */
+    else
+        ((float *)m->params.ptr)[3] = NAN;
+    cr_assert_eq(castor_model_save(m, bad), CASTOR_OK, "%s", castor_model_errmsg(m));
+    castor_model_free(m);
+    castor_strategy_free(s);
+
+    const char *what = in_state ? "inf in the optimizer state" : "NaN in a variable";
+    s = ckpt_make_strategy(kind, devices);
+    m = ckpt_make_model(s, LAYERS, ckpt_make_opt(CASTOR_OPT_ADAM), 7);
+    cr_assert_eq(castor_model_load(m, bad), CASTOR_OK, "%s: %s", what, castor_model_errmsg(m));
+    snap b = ckpt_take(m);
+    cr_assert_eq(isnan(b.params[3]), !in_state, "%s: get_params shows it", what);
+    castor_metrics met;
+    cr_assert_eq(castor_model_evaluate(m, ds, BATCH, &met), CASTOR_OK, "%s: %s", what,
+                 castor_model_errmsg(m));
+    cr_assert_eq(isnan(met.loss), !in_state, "%s: loss %g", what, met.loss);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.batch_size = BATCH;
+    fo.max_steps = 1;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_INVALID, "%s: fit took it", what);
+    cr_assert(strstr(castor_model_errmsg(m), "not finite"), "%s: '%s'", what,
+              castor_model_errmsg(m));
+    snap c = ckpt_take(m);
+    cr_assert_eq(c.step, b.step, "%s: fit stepped", what);
+    /* Finite variables set: enough where only they were not finite. */
+    cr_assert_eq(castor_model_set_params(m, a.params, a.n), CASTOR_OK, "%s", what);
+    int rc = castor_model_fit(m, ds, &fo, NULL);
+    cr_assert_eq(rc, in_state ? CASTOR_INVALID : CASTOR_OK, "%s: fit after set_params: %s",
+                 what, castor_model_errmsg(m));
+    cr_assert_eq(castor_model_load(m, good), CASTOR_OK, "%s", castor_model_errmsg(m));
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s: fit after a good load: %s",
+                 what, castor_model_errmsg(m));
+    ckpt_snap_free(&a);
+    ckpt_snap_free(&b);
+    ckpt_snap_free(&c);
+    castor_model_free(m);
+    castor_strategy_free(s);
+    castor_dataset_free(ds);
+    support_rmrf(dir);
+    free(good);
+    free(bad);
+    free(dir);
+}
+
+Test(checkpoint, a_diverged_model_loads_for_eval_and_fit_refuses_it_central)
+{
+    diverged_checkpoint(CASTOR_STRATEGY_CENTRAL, "cpu:2", 0);
+    diverged_checkpoint(CASTOR_STRATEGY_CENTRAL, "cpu:2", 1);
+}
+Test(checkpoint, a_diverged_model_loads_for_eval_and_fit_refuses_it_mirrored)
+{
+    diverged_checkpoint(CASTOR_STRATEGY_MIRRORED, "cpu:2", 0);
+    diverged_checkpoint(CASTOR_STRATEGY_MIRRORED, "cpu:2", 1);
+}

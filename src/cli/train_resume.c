@@ -6,7 +6,9 @@
  */
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -112,6 +114,34 @@ static int check_resume_flags(train_run *r)
     return 0;
 }
 
+/* A checkpoint of a diverged model loads (eval and predict read it), and
+ * fit refuses it: say so in --resume's words, before anything is set up. */
+static int check_finite(train_run *r, const char *path)
+{
+    size_t n = castor_model_num_params(r->model);
+    float *v = malloc(n * sizeof *v);
+    if (!v) {
+        cli_errorf("--resume %s: out of memory", path);
+        return CLI_EXIT_RUNTIME;
+    }
+    int rc = castor_model_get_params(r->model, v, n);
+    size_t i = 0;
+    while (rc == CASTOR_OK && i < n && isfinite(v[i]))
+        i++;
+    free(v);
+    if (rc != CASTOR_OK) {
+        cli_errorf("--resume %s: %s", path, cli_why(castor_model_errmsg(r->model), rc));
+        return cli_exit_for(rc);
+    }
+    if (i == n)
+        return 0;
+    cli_errorf("--resume %s: its variables are not finite (NaN or inf): the run that wrote it "
+               "diverged, and training cannot go on from it; resume from an earlier checkpoint "
+               "(eval and predict read this one)",
+               path);
+    return CLI_EXIT_RUNTIME;
+}
+
 int train_resume(train_run *r)
 {
     const char *from = r->o.resume;
@@ -207,6 +237,9 @@ int train_resume(train_run *r)
                    path, features, r->data_dir, castor_dataset_features(r->train));
         return CLI_EXIT_USAGE;
     }
+
+    if (trains && (rc = check_finite(r, path)) != 0)
+        return rc;
 
     /* What the file decides is what the run reports. */
     r->o.loss = strcmp(r->meta.loss, "mse") == 0 ? CASTOR_LOSS_MSE : CASTOR_LOSS_SOFTMAX_XENT;
