@@ -99,6 +99,8 @@ GPU_TEST_OBJ = $(GPU_TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/support.o
 # and Criterion (shared libraries) do not. tests/alloc/allocators.sh fails
 # when castor calls an allocation function missing from this list.
 ALLOC_WRAP = malloc calloc realloc free posix_memalign aligned_alloc strdup
+# The threads castor starts are failed alike (tests/alloc/thread_fail.h).
+THREAD_WRAP = pthread_create
 ALLOC_TEST_SRC = $(wildcard tests/alloc/*.c)
 ALLOC_TEST_OBJ = $(ALLOC_TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/support.o
 
@@ -193,7 +195,7 @@ $(BUILD)/castor-tests: $(TEST_OBJ) $(TEST_CLI_OBJ) $(BUILD)/libcastor.a
 
 $(BUILD)/castor-alloc-tests: $(ALLOC_TEST_OBJ) $(BUILD)/libcastor.a
 	$(CC) -o $@ $(ALLOC_TEST_OBJ) $(BUILD)/libcastor.a $(SANITIZE) \
-	    $(ALLOC_WRAP:%=-Wl,--wrap=%) -lcriterion $(LDLIBS)
+	    $(ALLOC_WRAP:%=-Wl,--wrap=%) $(THREAD_WRAP:%=-Wl,--wrap=%) -lcriterion $(LDLIBS)
 
 $(BUILD)/castor-gpu-tests: $(GPU_TEST_OBJ) $(BUILD)/libcastor.a
 	$(CC) -o $@ $(GPU_TEST_OBJ) $(BUILD)/libcastor.a $(SANITIZE) -lcriterion $(LDLIBS)

@@ -468,10 +468,13 @@ int bench_limits_measure(const bench_config *c, bench_limits *L)
     L->same_device = where.same_device;
     L->distinct_gpus = where.distinct_gpus;
     castor__pool *pool = NULL, *hpool = NULL;
-    if (castor__pool_create(ds.n, &pool) || castor__pool_create(L->host_threads, &hpool)) {
+    int why = 0;
+    if (castor__pool_create(ds.n, &pool, &why) ||
+        castor__pool_create(L->host_threads, &hpool, &why)) {
         castor__pool_free(pool);
         devset_close(&ds);
-        snprintf(L->note, sizeof L->note, "cannot start threads");
+        snprintf(L->note, sizeof L->note, "cannot start threads%s%s", why ? ": " : "",
+                 why ? strerror(why) : "");
         return -1;
     }
 

@@ -74,9 +74,13 @@ static void pool_destroy(castor__pool *pool, int started)
     free(pool);
 }
 
-int castor__pool_create(int nthreads, castor__pool **out)
+int castor__pool_create(int nthreads, castor__pool **out, int *why)
 {
     *out = NULL;
+    int dummy;
+    if (!why)
+        why = &dummy;
+    *why = 0;
     if (nthreads < 1)
         return CASTOR_INVALID;
     castor__pool *pool = calloc(1, sizeof *pool);
@@ -88,11 +92,11 @@ int castor__pool_create(int nthreads, castor__pool **out)
     }
     pool->workers = workers;
     pool->nthreads = nthreads;
-    if (pthread_mutex_init(&pool->mutex, NULL))
+    if ((*why = pthread_mutex_init(&pool->mutex, NULL)))
         goto fail_mutex;
-    if (pthread_cond_init(&pool->work_ready, NULL))
+    if ((*why = pthread_cond_init(&pool->work_ready, NULL)))
         goto fail_ready;
-    if (pthread_cond_init(&pool->work_done, NULL))
+    if ((*why = pthread_cond_init(&pool->work_done, NULL)))
         goto fail_done;
     /* The workers start with every signal blocked (a thread inherits its
      * creator's mask): a signal meant for the application (SIGINT, or one it
@@ -111,7 +115,7 @@ int castor__pool_create(int nthreads, castor__pool **out)
     for (; made < nthreads; made++) {
         workers[made].pool = pool;
         workers[made].index = made;
-        if (pthread_create(&workers[made].thread, NULL, worker_main, &workers[made]))
+        if ((*why = pthread_create(&workers[made].thread, NULL, worker_main, &workers[made])))
             break;
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);

@@ -20,8 +20,11 @@ typedef struct castor__pool castor__pool;
 typedef void (*castor__pool_fn)(void *ctx, int index, int count);
 typedef void (*castor__range_fn)(void *ctx, size_t begin, size_t end);
 
-/* nthreads >= 1; returns CASTOR_OK or CASTOR_NOMEM / CASTOR_ERROR. */
-int castor__pool_create(int nthreads, castor__pool **out);
+/* nthreads >= 1; returns CASTOR_OK, CASTOR_NOMEM, or CASTOR_ERROR when the
+ * system would not start a thread (or make a mutex or condition variable):
+ * then *why (if why is not NULL) gets the error number pthread gave, such as
+ * EAGAIN for a thread over RLIMIT_NPROC, and no thread is left running. */
+int castor__pool_create(int nthreads, castor__pool **out, int *why);
 void castor__pool_free(castor__pool *pool);  /* NULL is a no-op; joins the workers */
 int castor__pool_size(const castor__pool *pool);
 void castor__pool_run(castor__pool *pool, castor__pool_fn fn, void *ctx);

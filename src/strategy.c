@@ -3,6 +3,7 @@
  * replicas, collecting their errors, the forward pass). */
 #include "strategy.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -39,6 +40,20 @@ static int strategy_fail(castor_strategy *s, int code, const char *fmt, ...)
     vsnprintf(s->errmsg, sizeof s->errmsg, fmt, ap);
     va_end(ap);
     return code;
+}
+
+/* A pool fails for its memory (CASTOR_NOMEM) or for a thread the system
+ * would not start (why: pthread's error number): the message says which,
+ * and where a limit is the likely cause, which one. */
+static int pool_fail(castor_strategy *s, int rc, int why, int threads, const char *kind)
+{
+    if (rc == CASTOR_NOMEM)
+        return strategy_fail(s, rc, "cannot start %d %s threads: out of host memory", threads,
+                             kind);
+    char buf[128];
+    return strategy_fail(s, rc, "cannot start %d %s threads: %s%s", threads, kind,
+                         castor__strerror(why, buf, sizeof buf),
+                         why == EAGAIN ? " (raise ulimit -u?)" : "");
 }
 
 static int open_devices(castor_strategy *s, const char *spec)
@@ -113,15 +128,12 @@ int castor_strategy_create(castor_strategy **out, castor_strategy_kind kind, con
     int rc = open_devices(s, devices);
     if (rc)
         return rc;
-    /* A pool fails for its memory (CASTOR_NOMEM) or for a thread the
-     * system would not start: the message says which. */
-    if ((rc = castor__pool_create(s->n_replicas, &s->replica_pool)))
-        return strategy_fail(s, rc, "cannot start %d replica threads%s", s->n_replicas,
-                             rc == CASTOR_NOMEM ? ": out of host memory" : "");
+    int why = 0;
+    if ((rc = castor__pool_create(s->n_replicas, &s->replica_pool, &why)))
+        return pool_fail(s, rc, why, s->n_replicas, "replica");
     int threads = s->opts.host_threads ? s->opts.host_threads : castor__cpu_count();
-    if ((rc = castor__pool_create(threads, &s->host_pool)))
-        return strategy_fail(s, rc, "cannot start %d host threads%s", threads,
-                             rc == CASTOR_NOMEM ? ": out of host memory" : "");
+    if ((rc = castor__pool_create(threads, &s->host_pool, &why)))
+        return pool_fail(s, rc, why, threads, "host");
     castor__log(s, CASTOR_LOG_INFO, "%s strategy on %d replica(s): %s",
                 castor_strategy_kind_name(kind), s->n_replicas, s->devices_spec);
     warn_blas_oversubscription(s);

@@ -211,7 +211,7 @@ Test(optim, pool_split_is_bitwise_identical)
     const size_t n = ((size_t)1 << 17) + 5;
     castor_optimizer_kind kinds[] = {CASTOR_OPT_SGD, CASTOR_OPT_ADAM, CASTOR_OPT_ADAMW};
     castor__pool *pool;
-    cr_assert_eq(castor__pool_create(3, &pool), CASTOR_OK);
+    cr_assert_eq(castor__pool_create(3, &pool, NULL), CASTOR_OK);
     float *grads = malloc(n * sizeof *grads);
     float *serial = malloc(n * sizeof *serial), *split = malloc(n * sizeof *split);
     float *serial_state = calloc(2 * n, sizeof *serial_state);
@@ -256,7 +256,7 @@ Test(optim, one_pass_update_is_the_sum_then_the_optimizer)
     opts[1].momentum = 0.9f, opts[1].nesterov = 1;
     opts[2].momentum = 0.8f;
     castor__pool *pool;
-    cr_assert_eq(castor__pool_create(3, &pool), CASTOR_OK);
+    cr_assert_eq(castor__pool_create(3, &pool, NULL), CASTOR_OK);
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
         size_t n = sizes[s];
         float *g[5], *sum = malloc(n * sizeof(float));

@@ -41,7 +41,7 @@ static void record_task(void *ctx, int index, int count)
 Test(pool, run_calls_each_index_once_on_its_own_thread)
 {
     castor__pool *pool;
-    cr_assert_eq(castor__pool_create(TEAM, &pool), CASTOR_OK);
+    cr_assert_eq(castor__pool_create(TEAM, &pool, NULL), CASTOR_OK);
     cr_assert_eq(castor__pool_size(pool), TEAM);
     run_record first = {0};
     castor__pool_run(pool, record_task, &first);
@@ -107,7 +107,7 @@ Test(pool, workers_block_signals_the_caller_does_not)
     sigemptyset(&none);
     pthread_sigmask(SIG_SETMASK, &none, &before);
     castor__pool *pool;
-    cr_assert_eq(castor__pool_create(TEAM, &pool), CASTOR_OK);
+    cr_assert_eq(castor__pool_create(TEAM, &pool, NULL), CASTOR_OK);
     pthread_sigmask(SIG_BLOCK, NULL, &after);
     cr_assert_eq(sigismember(&after, SIGINT), 0, "the caller's mask is its own again");
     mask_record rec = {pthread_self(), 0, 0};
@@ -125,7 +125,7 @@ Test(pool, workers_block_signals_the_caller_does_not)
 Test(pool, workers_run_concurrently, .timeout = 20)
 {
     castor__pool *pool;
-    cr_assert_eq(castor__pool_create(TEAM, &pool), CASTOR_OK);
+    cr_assert_eq(castor__pool_create(TEAM, &pool, NULL), CASTOR_OK);
     pthread_barrier_t barrier;
     pthread_barrier_init(&barrier, NULL, TEAM);
     for (int r = 0; r < 10; r++)
@@ -138,7 +138,7 @@ Test(pool, create_and_free_repeatedly)
 {
     for (int r = 0; r < 20; r++) {
         castor__pool *pool;
-        cr_assert_eq(castor__pool_create(1 + r % TEAM, &pool), CASTOR_OK);
+        cr_assert_eq(castor__pool_create(1 + r % TEAM, &pool, NULL), CASTOR_OK);
         if (r % 2) {
             run_record rec = {0};
             castor__pool_run(pool, record_task, &rec);
@@ -151,7 +151,7 @@ Test(pool, create_and_free_repeatedly)
 Test(pool, bad_sizes)
 {
     castor__pool *pool = (castor__pool *)&pool;  /* any non-NULL value: create must clear it */
-    cr_assert_neq(castor__pool_create(0, &pool), CASTOR_OK);
+    cr_assert_neq(castor__pool_create(0, &pool, NULL), CASTOR_OK);
     cr_assert_null(pool);
     cr_assert_eq(castor__pool_size(NULL), 1);
 }
@@ -217,7 +217,7 @@ Test(pool, for_covers_every_element_once, .timeout = 120)
     static const size_t min_parallels[] = {0, (size_t)1 << 15};
     castor__pool *pools[5] = {NULL};
     for (int t = 1; t < 5; t++)
-        cr_assert_eq(castor__pool_create(t, &pools[t]), CASTOR_OK);
+        cr_assert_eq(castor__pool_create(t, &pools[t], NULL), CASTOR_OK);
     for (int t = 0; t < 5; t++)
         for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
             for (size_t m = 0; m < sizeof min_parallels / sizeof min_parallels[0]; m++)
@@ -229,7 +229,7 @@ Test(pool, for_covers_every_element_once, .timeout = 120)
 Test(pool, for_splits_large_counts_over_the_workers)
 {
     castor__pool *pool;
-    cr_assert_eq(castor__pool_create(3, &pool), CASTOR_OK);
+    cr_assert_eq(castor__pool_create(3, &pool, NULL), CASTOR_OK);
     cover_record *rec = calloc(1, sizeof *rec);
     cr_assert_not_null(rec);
     size_t count = 100003;

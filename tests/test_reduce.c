@@ -87,7 +87,7 @@ Test(reduce, equals_sequential_sum_for_every_split)
 {
     castor__pool *pools[3];
     for (int t = 0; t < 3; t++)
-        cr_assert_eq(castor__pool_create(t + 1, &pools[t]), CASTOR_OK);
+        cr_assert_eq(castor__pool_create(t + 1, &pools[t], NULL), CASTOR_OK);
     for (size_t l = 0; l < N_LENGTHS; l++) {
         size_t n = lengths[l];
         sources s = make_sources(n, 1000 + l);
