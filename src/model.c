@@ -396,14 +396,6 @@ int castor_model_get_params(castor_model *m, float *dst, size_t count)
     return CASTOR_OK;
 }
 
-static int floats_finite(const float *v, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(v[i]))
-            return 0;
-    return 1;
-}
-
 int castor_model_all_finite(castor_model *m, int *finite)
 {
     if (!m)
@@ -415,8 +407,7 @@ int castor_model_all_finite(castor_model *m, int *finite)
         return rc;
     if ((rc = m->strategy->ops->pull(m)))
         return rc;
-    *finite = floats_finite(m->params.ptr, m->n_params) &&
-              floats_finite(m->opt_state.ptr, (size_t)m->opt_slots * m->n_params);
+    *finite = castor__model_host_nonfinite(m) == 0;
     return CASTOR_OK;
 }
 

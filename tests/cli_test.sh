@@ -1640,7 +1640,7 @@ fi
 run train --data "$DATA" --resume "$T/diverged.safetensors" --epochs 2 --quiet \
     --save "$T/dv-out.safetensors"
 if [[ $rc -eq 1 && $(lines "$T/err") -eq 1 && ! -e "$T/dv-out.safetensors" ]] &&
-    grep -q "^castor: --resume $T/diverged.safetensors: its variables are not finite" "$T/err"; then
+    grep -q "^castor: --resume $T/diverged.safetensors: its variables or optimizer state are not finite" "$T/err"; then
     ok "--resume of a diverged model -> 1, before training"
 else
     bad "--resume of a diverged model: status $rc" "$(cat "$T/err")"

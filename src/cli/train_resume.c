@@ -6,9 +6,7 @@
  */
 #include <errno.h>
 #include <limits.h>
-#include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -118,26 +116,17 @@ static int check_resume_flags(train_run *r)
  * fit refuses it: say so in --resume's words, before anything is set up. */
 static int check_finite(train_run *r, const char *path)
 {
-    size_t n = castor_model_num_params(r->model);
-    float *v = malloc(n * sizeof *v);
-    if (!v) {
-        cli_errorf("--resume %s: out of memory", path);
-        return CLI_EXIT_RUNTIME;
-    }
-    int rc = castor_model_get_params(r->model, v, n);
-    size_t i = 0;
-    while (rc == CASTOR_OK && i < n && isfinite(v[i]))
-        i++;
-    free(v);
+    int finite = 0;
+    int rc = castor_model_all_finite(r->model, &finite);
     if (rc != CASTOR_OK) {
         cli_errorf("--resume %s: %s", path, cli_why(castor_model_errmsg(r->model), rc));
         return cli_exit_for(rc);
     }
-    if (i == n)
+    if (finite)
         return 0;
-    cli_errorf("--resume %s: its variables are not finite (NaN or inf): the run that wrote it "
-               "diverged, and training cannot go on from it; resume from an earlier checkpoint "
-               "(eval and predict read this one)",
+    cli_errorf("--resume %s: its variables or optimizer state are not finite (NaN or inf): the "
+               "run that wrote it diverged, and training cannot go on from it; resume from an "
+               "earlier checkpoint (eval and predict read this one)",
                path);
     return CLI_EXIT_RUNTIME;
 }
