@@ -812,6 +812,29 @@ expect_error 1 "eval: a truncated model" eval --model "$T/truncated.safetensors"
 expect_error 1 "predict: a truncated model" predict --model "$T/truncated.safetensors" --data "$DATA"
 expect_error 1 "eval: not a model" eval --model "$DATA/train-images-idx3-ubyte.gz" --data "$DATA"
 expect_error 1 "eval: missing data directory" eval --model "$SAVED" --data "$T/no-such-dir"
+# A test set with classes past the model's last layer: eval said only "eval: evaluate: labels
+# go up to 11 but the last layer has 10 units", naming neither the data nor the sample, and
+# predict printed such samples as "(wrong)", status 0. Both refuse it now (2), naming the
+# directory, the first sample and the largest class.
+LAB12="$T/data-lab12"
+mkdir -p "$LAB12"
+python3 - "$LAB12" <<'EOF2'
+import gzip, os, struct, sys
+n = 32
+with gzip.open(os.path.join(sys.argv[1], "t10k-images-idx3-ubyte.gz"), "wb") as f:
+    f.write(struct.pack(">IIII", 0x803, n, 16, 16) + bytes((5 * i) % 256 for i in range(n * 256)))
+with gzip.open(os.path.join(sys.argv[1], "t10k-labels-idx1-ubyte.gz"), "wb") as f:
+    f.write(struct.pack(">II", 0x801, n) + bytes(i % 12 for i in range(n)))
+EOF2
+for cmd in eval predict; do
+    expect_error 2 "$cmd: test labels past the model's 10 units" "$cmd" --model "$SAVED" \
+        --data "$LAB12"
+    grep -q "^castor: --model $SAVED: the test set in $LAB12 has class 10 (sample 10, classes up to 11) but the last layer has 10 units" \
+        "$T/err" || bad "$cmd: the message does not name the data, the sample and the classes" \
+        "$(cat "$T/err")"
+    [[ ! -s "$T/out" ]] || bad "$cmd: printed results for data it refused" "$(head -3 "$T/out")"
+done
+
 # A data directory castor may not look inside (no x permission) is named as such; it
 # named DIR/t10k-images-idx3-ubyte, a file that does not exist (the data is .gz), as the
 # one it could not open. Root passes permissions: run as nobody then, if setpriv can.

@@ -199,6 +199,11 @@ static int parse(model_cmd *c, const char *cmd, const cli_flag *flags, void (*us
     return -1;
 }
 
+static int is_mse(const model_cmd *c)
+{
+    return strcmp(c->meta.loss, "mse") == 0;
+}
+
 static int setup(model_cmd *c)
 {
     cli_blas_threads(c->devices);
@@ -244,7 +249,14 @@ static int setup(model_cmd *c)
                    c->model, features, c->data_dir, castor_dataset_features(c->test));
         return CLI_EXIT_USAGE;
     }
-    return 0;
+    /* Labels past the last layer's units: evaluate would refuse them
+     * without saying where they came from, and predict could only call
+     * every such sample wrong. */
+    char what[CLI_PATH_MAX + 32];
+    snprintf(what, sizeof what, "--model %s", c->model);
+    return cli_check_labels(c->test, castor_model_output_units(c->m), "test", c->data_dir, what,
+                            is_mse(c) ? "one-hot targets need one per class"
+                                      : "softmax cross-entropy needs a unit per class");
 }
 
 static void model_cmd_free(model_cmd *c)
@@ -252,11 +264,6 @@ static void model_cmd_free(model_cmd *c)
     castor_model_free(c->m);
     castor_dataset_free(c->test);
     castor_strategy_free(c->s);
-}
-
-static int is_mse(const model_cmd *c)
-{
-    return strcmp(c->meta.loss, "mse") == 0;
 }
 
 /* ---- eval ------------------------------------------------------------------------- */
@@ -298,7 +305,8 @@ int castor_cli_eval(int argc, char **argv)
     if (rc >= 0)
         return rc;
     if ((rc = setup(&c)) == 0 && is_mse(&c))
-        rc = cli_one_hot_targets(&c.test, castor_model_output_units(c.m), "test", c.model);
+        rc = cli_one_hot_targets(&c.test, castor_model_output_units(c.m), "test", c.data_dir,
+                                 c.model);
     if (rc == 0) {
         castor_metrics mt;
         int st = castor_model_evaluate(c.m, c.test, c.batch, &mt);

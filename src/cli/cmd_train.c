@@ -152,9 +152,9 @@ int train_mse_targets(train_run *r, const char *what)
 {
     int units = castor_model_output_units(r->model);
     int rc;
-    if ((rc = cli_one_hot_targets(&r->train, units, "training", what)) != 0 ||
-        (rc = cli_one_hot_targets(&r->val, units, "validation", what)) != 0 ||
-        (rc = cli_one_hot_targets(&r->test, units, "test", what)) != 0)
+    if ((rc = cli_one_hot_targets(&r->train, units, "training", r->data_dir, what)) != 0 ||
+        (rc = cli_one_hot_targets(&r->val, units, "validation", r->data_dir, what)) != 0 ||
+        (rc = cli_one_hot_targets(&r->test, units, "test", r->data_dir, what)) != 0)
         return rc;
     return 0;
 }
@@ -216,10 +216,11 @@ static int check_data_fits(train_run *r)
         return 0;
     int units = castor_model_output_units(r->model);
     const char *why = "softmax cross-entropy needs a unit per class";
+    const char *dir = r->data_dir, *spec = r->layers_spec;
     int rc;
-    if ((rc = cli_check_labels(r->train, units, "training", r->layers_spec, why)) != 0 ||
-        (rc = cli_check_labels(r->val, units, "validation", r->layers_spec, why)) != 0 ||
-        (rc = cli_check_labels(r->test, units, "test", r->layers_spec, why)) != 0)
+    if ((rc = cli_check_labels(r->train, units, "training", dir, spec, why)) != 0 ||
+        (rc = cli_check_labels(r->val, units, "validation", dir, spec, why)) != 0 ||
+        (rc = cli_check_labels(r->test, units, "test", dir, spec, why)) != 0)
         return rc;
     return 0;
 }

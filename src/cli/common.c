@@ -89,28 +89,41 @@ void cli_log_stderr(void *user, castor_log_level level, const char *message)
             message ? message : "");
 }
 
-int cli_check_labels(const castor_dataset *ds, int units, const char *which, const char *what,
-                     const char *why)
+int cli_check_labels(const castor_dataset *ds, int units, const char *which, const char *where,
+                     const char *what, const char *why)
 {
     if (!ds || !castor_dataset_labels(ds))
         return 0;
-    size_t n = castor_dataset_size(ds);
+    size_t n = castor_dataset_size(ds), first = n;
     const int32_t *labels = castor_dataset_labels(ds);
+    int32_t top = 0;
     for (size_t i = 0; i < n; i++) {
-        if (labels[i] < 0 || labels[i] >= units) {
-            cli_errorf("%s: the %s set has class %d but the last layer has %d unit%s (%s)", what,
-                       which, (int)labels[i], units, units == 1 ? "" : "s", why);
-            return CLI_EXIT_USAGE;
-        }
+        if ((labels[i] < 0 || labels[i] >= units) && first == n)
+            first = i;
+        if (labels[i] > top)
+            top = labels[i];
     }
-    return 0;
+    if (first == n)
+        return 0;
+    /* The first sample past the units says where to look; the largest
+     * class, how many units the data needs. */
+    char up_to[64] = "";
+    if (top != labels[first])
+        snprintf(up_to, sizeof up_to, ", classes up to %d", (int)top);
+    cli_errorf("%s: the %s set%s%s has class %d (sample %zu%s) but the last layer has %d unit%s "
+               "(%s)",
+               what, which, where ? " in " : "", where ? where : "", (int)labels[first], first,
+               up_to, units, units == 1 ? "" : "s", why);
+    return CLI_EXIT_USAGE;
 }
 
-int cli_one_hot_targets(castor_dataset **ds, int units, const char *which, const char *what)
+int cli_one_hot_targets(castor_dataset **ds, int units, const char *which, const char *where,
+                        const char *what)
 {
     if (!*ds || !castor_dataset_labels(*ds))
         return 0;
-    int rc = cli_check_labels(*ds, units, which, what, "one-hot targets need one per class");
+    int rc = cli_check_labels(*ds, units, which, where, what,
+                              "one-hot targets need one per class");
     if (rc)
         return rc;
     /* In place: a copy of the samples would double the data's memory. */

@@ -49,17 +49,18 @@ int cli_exit_for(int rc);
  * returned status's message once. user is unused. */
 void cli_log_stderr(void *user, castor_log_level level, const char *message);
 
-/*
- * An MSE model regresses on one-hot targets, a unit per class: replace *ds
- * (when it has labels) by a copy carrying them. what names the setting in
- * the messages ("--loss mse", "--model m.safetensors").
- */
 /* Every label of ds (if it has labels) in [0, units): 0, or CLI_EXIT_USAGE
- * after saying "WHAT: the WHICH set has class C but the last layer has U
- * units (WHY)". */
-int cli_check_labels(const castor_dataset *ds, int units, const char *which, const char *what,
-                     const char *why);
-int cli_one_hot_targets(castor_dataset **ds, int units, const char *which, const char *what);
+ * after saying "WHAT: the WHICH set in WHERE has class C (sample I, classes
+ * up to M) but the last layer has U units (WHY)"; where (the data
+ * directory) may be NULL. */
+int cli_check_labels(const castor_dataset *ds, int units, const char *which, const char *where,
+                     const char *what, const char *why);
+/* An MSE model regresses on one-hot targets, a unit per class: replace the
+ * labels of *ds (when it has labels) by them, in place, after
+ * cli_check_labels. what names the setting in the messages ("--loss mse",
+ * "--model m.safetensors"). */
+int cli_one_hot_targets(castor_dataset **ds, int units, const char *which, const char *where,
+                        const char *what);
 
 /*
  * mkdir -p: create dir and its missing parents (mode 0777 less the umask);
