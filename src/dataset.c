@@ -204,16 +204,24 @@ static int find_file(const char *dir, const char *name, char *buf, size_t size)
     return plain == FOUND_DIR || gz == FOUND_DIR ? FOUND_DIR : FOUND_NONE;
 }
 
-CASTOR_API int castor_dataset_load_mnist_dir(castor_dataset **out, const char *dir,
-                                             const char *which)
+/* The Debian package's hint, for a directory that is Fashion-MNIST by its
+ * name (its place, /usr/share/datasets/fashion-mnist, or a copy): a user's
+ * own directory of other data gains nothing from it. */
+static const char *fashion_hint(const char *dir)
 {
-    if (!out)
-        return CASTOR_MISUSE;
-    if (dataset_new(out))
-        return CASTOR_NOMEM;
-    castor_dataset *ds = *out;
-    char *err = ds->errmsg;
-    size_t errlen = sizeof ds->errmsg;
+    static const char name[] = "fashion-mnist";
+    size_t len = strlen(dir);
+    while (len > 1 && dir[len - 1] == '/')
+        len--;
+    size_t n = sizeof name - 1;
+    if (len < n || strncmp(dir + len - n, name, n) != 0 || (len > n && dir[len - n - 1] != '/'))
+        return "";
+    return " (for Fashion-MNIST install the Debian package dataset-fashion-mnist)";
+}
+
+int castor__mnist_dir_find(const char *dir, const char *which, char *images, char *labels,
+                           size_t size, char *err, size_t errlen)
+{
     const char *prefix = NULL;
     if (which && strcmp(which, "train") == 0)
         prefix = "train";
@@ -229,8 +237,8 @@ CASTOR_API int castor_dataset_load_mnist_dir(castor_dataset **out, const char *d
         return CASTOR_MISUSE;
     }
     if (!prefix) {
-        castor__errf(err, errlen, "%s: which set is \"%s\"? it must be \"train\" or \"test\"", dir,
-                     which ? which : "(null)");
+        castor__errf(err, errlen, "%s: which set is \"%s\"? it must be \"train\" or \"test\"",
+                     dir, which);
         return CASTOR_INVALID;
     }
     /* A directory that is not there, or a file, is named as such: "missing
@@ -240,9 +248,7 @@ CASTOR_API int castor_dataset_load_mnist_dir(castor_dataset **out, const char *d
         int e = errno;
         char eb[128];  /* strerror's buffer is one for the process: not while others load */
         castor__errf(err, errlen, "%s: %s%s", dir, castor__strerror(e, eb, sizeof eb),
-                     e == ENOENT ? " (for Fashion-MNIST install the Debian package "
-                                   "dataset-fashion-mnist)"
-                                 : "");
+                     e == ENOENT ? fashion_hint(dir) : "");
         return CASTOR_IO;
     }
     if (!S_ISDIR(dst.st_mode)) {
@@ -250,11 +256,11 @@ CASTOR_API int castor_dataset_load_mnist_dir(castor_dataset **out, const char *d
                      dir);
         return CASTOR_IO;
     }
-    char images[4096], labels[4096], iname[32], lname[32];
+    char iname[32], lname[32];
     snprintf(iname, sizeof iname, "%s-images-idx3-ubyte", prefix);
     snprintf(lname, sizeof lname, "%s-labels-idx1-ubyte", prefix);
-    int have_images = find_file(dir, iname, images, sizeof images);
-    int have_labels = find_file(dir, lname, labels, sizeof labels);
+    int have_images = find_file(dir, iname, images, size);
+    int have_labels = find_file(dir, lname, labels, size);
     if (have_images < 0 || have_labels < 0) {
         castor__errf(err, errlen, "%.200s...: directory path too long", dir);
         return CASTOR_INVALID;
@@ -271,14 +277,28 @@ CASTOR_API int castor_dataset_load_mnist_dir(castor_dataset **out, const char *d
         return CASTOR_IO;
     }
     if (!have_images || !have_labels) {
-        castor__errf(err, errlen,
-                     "%s: missing %s[.gz]%s%s%s (for Fashion-MNIST install the Debian package "
-                     "dataset-fashion-mnist)",
-                     dir, !have_images ? iname : lname, !have_images && !have_labels ? " and " : "",
+        castor__errf(err, errlen, "%s: missing %s[.gz]%s%s%s%s", dir,
+                     !have_images ? iname : lname, !have_images && !have_labels ? " and " : "",
                      !have_images && !have_labels ? lname : "",
-                     !have_images && !have_labels ? "[.gz]" : "");
+                     !have_images && !have_labels ? "[.gz]" : "", fashion_hint(dir));
         return CASTOR_IO;
     }
+    return CASTOR_OK;
+}
+
+CASTOR_API int castor_dataset_load_mnist_dir(castor_dataset **out, const char *dir,
+                                             const char *which)
+{
+    if (!out)
+        return CASTOR_MISUSE;
+    if (dataset_new(out))
+        return CASTOR_NOMEM;
+    castor_dataset *ds = *out;
+    char images[4096], labels[4096];
+    int rc = castor__mnist_dir_find(dir, which, images, labels, sizeof images, ds->errmsg,
+                                    sizeof ds->errmsg);
+    if (rc)
+        return rc;
     return load_idx_into(ds, images, labels);
 }
 

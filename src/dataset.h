@@ -36,6 +36,14 @@ struct castor_dataset {
  * its errmsg says why. */
 int castor__dataset_one_hot(castor_dataset *ds, int units);
 
+/* Where castor_dataset_load_mnist_dir would read `which` ("train" or
+ * "test") of dir: the images' and labels' paths into images and labels
+ * (size bytes each), found without reading them; else a status and err
+ * says what is missing (the message load_mnist_dir gives). So that a
+ * caller needing both sets finds a missing one before loading the other. */
+int castor__mnist_dir_find(const char *dir, const char *which, char *images, char *labels,
+                           size_t size, char *err, size_t errlen);
+
 /* One IDX file (http://yann.lecun.com/exdb/mnist/ format), plain or gzip.
  * The reader treats the file as untrusted: magic, type code, rank and every
  * dimension are checked, the element count against overflow and against the

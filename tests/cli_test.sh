@@ -315,6 +315,40 @@ if grep -q 'no-such-dir: No such file or directory' "$T/err" && ! grep -q 'missi
 else
     bad "a missing --data directory: want 'DIR: No such file or directory'" "$(cat "$T/err")"
 fi
+# The Debian package's hint only for a directory that is Fashion-MNIST by its name (it came
+# with every missing directory and every directory without its files)
+if ! grep -q 'dataset-fashion-mnist' "$T/err"; then
+    ok "a missing --data directory of the user's own: no hint to install Fashion-MNIST"
+else
+    bad "a missing --data directory of the user's own: the Fashion-MNIST hint" "$(cat "$T/err")"
+fi
+mkdir -p "$T/data-empty"
+expect_error 1 "a --data directory without the files" train --data "$T/data-empty" --epochs 1
+if grep -q 'data-empty: missing train-images-idx3-ubyte\[.gz\] and train-labels-idx1-ubyte\[.gz\]$' \
+    "$T/err"; then
+    ok "... names what is missing, with no hint to install Fashion-MNIST"
+else
+    bad "a --data directory without the files: want 'missing ...' and no hint" "$(cat "$T/err")"
+fi
+for how in "--data $T/none/fashion-mnist/" "--data fashion-mnist"; do
+    # shellcheck disable=SC2086
+    CASTOR_FASHION_MNIST="$T/none/fashion-mnist" run train $how --epochs 1
+    if [[ $rc -eq 1 ]] && grep -q 'fashion-mnist/*: No such file or directory (for Fashion-MNIST install the Debian package dataset-fashion-mnist)$' "$T/err"; then
+        ok "train $how, missing: the hint to install Fashion-MNIST"
+    else
+        bad "train $how, missing: want the hint to install Fashion-MNIST; status $rc" "$(cat "$T/err")"
+    fi
+done
+# A missing test set is found before the training set is read (it was read first, whole,
+# then the run failed on t10k-*): here the training images are not even IDX, and the
+# message must be the test set's
+mkdir -p "$T/data-notest"
+cp "$DATA/train-labels-idx1-ubyte.gz" "$T/data-notest/"
+echo "not an IDX file" >"$T/data-notest/train-images-idx3-ubyte"
+expect_error 1 "train without a test set" train --data "$T/data-notest" --epochs 1
+grep -q "^castor: cannot load the test data from $T/data-notest: $T/data-notest: missing t10k-images-idx3-ubyte\[.gz\] and t10k-labels-idx1-ubyte\[.gz\]$" "$T/err" ||
+    bad "train without a test set: not refused for it before reading the training set" \
+        "$(cat "$T/err")"
 run train --data "$BIN" --epochs 1
 if [[ $rc -eq 1 ]] && grep -q "$BIN: not a directory" "$T/err" && ! grep -q 'missing' "$T/err"
 then

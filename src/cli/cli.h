@@ -4,10 +4,12 @@
  * Each takes the subcommand's own argv (argv[0] is the subcommand's name)
  * and returns the process exit status: 0 success, 1 a runtime failure,
  * 2 a usage error, 128+signal when interrupted (see args.h).
- * The command line trains through include/castor.h alone; it borrows two
- * internal helpers, the device-list parser (src/device_list.h: how many CPU
- * replicas --devices names, for OpenBLAS's thread count) and the core count
- * (host/cores.h, for that and castor info), and bench/ more of them.
+ * The command line trains through include/castor.h alone; it borrows a few
+ * internal helpers: the device-list parser (src/device_list.h: how many CPU
+ * replicas --devices names, for OpenBLAS's thread count), the core count
+ * (host/cores.h, for that and castor info), and from src/dataset.h one-hot
+ * targets made in place and the look for a data directory's files; bench/
+ * borrows more of them.
  */
 #ifndef CASTOR_CLI_H
 #define CASTOR_CLI_H

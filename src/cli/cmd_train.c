@@ -28,6 +28,7 @@
 #include "cli.h"
 #include "common.h"
 #include "progress.h"
+#include "src/dataset.h"
 #include "train.h"
 
 void train_note(train_run *r, const char *fmt, ...)
@@ -104,7 +105,22 @@ static int make_strategy(train_run *r)
 static int load_data(train_run *r)
 {
     r->data_dir = cli_data_dir(r->o.data);
-    int rc = castor_dataset_load_mnist_dir(&r->train, r->data_dir, "train");
+    /* Both sets' files are there before the training set is read: a test
+     * set found missing after it would cost its whole load. */
+    char images[CLI_PATH_MAX], labels[CLI_PATH_MAX], err[CLI_PATH_MAX + 256];
+    int rc = castor__mnist_dir_find(r->data_dir, "train", images, labels, sizeof images, err,
+                                    sizeof err);
+    const char *which = "training";
+    if (rc == CASTOR_OK) {
+        which = "test";
+        rc = castor__mnist_dir_find(r->data_dir, "test", images, labels, sizeof images, err,
+                                    sizeof err);
+    }
+    if (rc != CASTOR_OK) {
+        cli_errorf("cannot load the %s data from %s: %s", which, r->data_dir, cli_why(err, rc));
+        return CLI_EXIT_RUNTIME;
+    }
+    rc = castor_dataset_load_mnist_dir(&r->train, r->data_dir, "train");
     if (rc != CASTOR_OK) {
         cli_errorf("cannot load the training data from %s: %s", r->data_dir,
                    cli_why(castor_dataset_errmsg(r->train), rc));
