@@ -405,7 +405,9 @@ CASTOR_API void castor_model_reset_run_stats(castor_model *model);
  * "dense_0.kernel.adam_m" etc., and in the header's __metadata__ the
  * architecture, loss, optimizer and hyper-parameters, seed, step, epoch and
  * position in the epoch, strategy, devices and OpenBLAS thread count that
- * trained it, castor version and the CRC-32 of the data section. Files are
+ * trained it, the sample shape and IDX element type of the data it was last
+ * fitted on (where that came from IDX files), castor version and the CRC-32
+ * of the data section. Files are
  * written atomically (temporary file, fsync, rename, fsync of the
  * directory): a crash leaves the old file or the new one.
  */

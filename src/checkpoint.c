@@ -25,6 +25,13 @@
  *                   correction counts them), where that is not step: only
  *                   after a mirrored model's set_params recovery took the
  *                   state back to an older copy. Optional: step where absent
+ *   input_shape, input_type   each sample's shape ("28x28": the dimensions
+ *                   after the first of the IDX image file, 1 to 3 of them,
+ *                   their product input_features) and its IDX element type
+ *                   ("ubyte", scaled to [0,1]; "sbyte", "int16", "int32",
+ *                   "float32", "float64", taken as they are) of the data
+ *                   the model was last fitted on. Optional: written where
+ *                   that data came from IDX files; older files lack them
  *   epoch_samples, epoch_shuffle   the training samples the epoch in progress
  *                   is over and whether it is shuffled ("1"/"0"): with the
  *                   batch they fix its order, so fit refuses to finish it on
@@ -334,6 +341,9 @@ static int load_parsed(castor_model *m, const castor__st_file *f, const char *pa
     m->epoch_batch = info.epoch_batch;
     m->epoch_samples = info.epoch_samples;
     m->epoch_shuffle = info.epoch_shuffle;
+    m->in_type = info.input_type;
+    m->in_rank = info.input_rank;
+    memcpy(m->in_dims, info.input_dims, sizeof m->in_dims);
     m->host_params_current = 1;
     m->params_version++;
     rc = m->strategy->ops->push(m);
@@ -526,6 +536,14 @@ int castor_model_save(castor_model *m, const char *path)
         META_F("epoch_samples", "%" PRIu64, m->epoch_samples);
     if (m->epoch_shuffle >= 0)
         META_F("epoch_shuffle", "%d", m->epoch_shuffle);
+    if (m->in_rank > 0 && castor__ckpt_idx_type_name(m->in_type)) {
+        META_S("input_type", castor__ckpt_idx_type_name(m->in_type));
+        size_t at = 0;
+        for (int d = 0; d < m->in_rank && d < 3; d++)
+            at += (size_t)snprintf(vals[k] + at, sizeof vals[k] - at, "%s%" PRIu32,
+                                   d ? "x" : "", m->in_dims[d]);
+        META_S("input_shape", vals[k]);
+    }
     META_S("rng", CKPT_RNG);
     META_S("strategy", m->strategy->ops->name);
     META_S("devices", m->strategy->devices_spec);

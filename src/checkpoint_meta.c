@@ -9,6 +9,28 @@
 #include "host/optim.h"
 #include "util.h"
 
+static const struct {
+    int code;
+    const char *name;
+} idx_types[] = {{0x08, "ubyte"}, {0x09, "sbyte"}, {0x0B, "int16"},
+                 {0x0C, "int32"}, {0x0D, "float32"}, {0x0E, "float64"}};
+
+const char *castor__ckpt_idx_type_name(int type)
+{
+    for (size_t i = 0; i < sizeof idx_types / sizeof idx_types[0]; i++)
+        if (idx_types[i].code == type)
+            return idx_types[i].name;
+    return NULL;
+}
+
+int castor__ckpt_idx_type_parse(const char *name)
+{
+    for (size_t i = 0; i < sizeof idx_types / sizeof idx_types[0]; i++)
+        if (strcmp(idx_types[i].name, name) == 0)
+            return idx_types[i].code;
+    return 0;
+}
+
 const char *castor__ckpt_loss_name(castor_loss loss)
 {
     return loss == CASTOR_LOSS_MSE ? "mse" : "softmax_xent";
@@ -187,6 +209,41 @@ int castor__ckpt_read_info(const castor__st_file *f, const char *path, castor__c
         if (parse_uint(v, 1, &u))
             return bad_value(path, "epoch_shuffle", v, "0 or 1", err, errlen);
         info->epoch_shuffle = (int)u;
+    }
+
+    /* Optional, and together: what the model was trained on. */
+    const char *shape = castor__st_meta_get(f, "input_shape");
+    const char *type = castor__st_meta_get(f, "input_type");
+    info->input_type = info->input_rank = 0;
+    if (shape || type) {
+        if (!shape || !type)
+            return bad_value(path, shape ? "input_type" : "input_shape", "", "given with "
+                             "the other (input_shape and input_type go together)", err, errlen);
+        if (!(info->input_type = castor__ckpt_idx_type_parse(type)))
+            return bad_value(path, "input_type", type, "ubyte, sbyte, int16, int32, float32 "
+                             "or float64", err, errlen);
+        uint64_t product = 1;
+        const char *p = shape;
+        int bad = 0;
+        do {
+            char *end;
+            if (*p < '1' || *p > '9' || info->input_rank == 3) {
+                bad = 1;
+                break;
+            }
+            errno = 0;
+            unsigned long long d = strtoull(p, &end, 10);
+            if (errno || d > (uint64_t)INT_MAX / product) {
+                bad = 1;
+                break;
+            }
+            product *= d;
+            info->input_dims[info->input_rank++] = (uint32_t)d;
+            p = end;
+        } while (*p == 'x' && *++p);
+        if (bad || *p || product != (uint64_t)info->input_features)
+            return bad_value(path, "input_shape", shape, "1 to 3 dimensions joined by 'x' "
+                             "whose product is input_features", err, errlen);
     }
 
     if ((rc = need(f, path, "crc32", &v, err, errlen)))

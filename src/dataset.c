@@ -27,6 +27,8 @@ static void dataset_clear(castor_dataset *ds)
     ds->features = 0;
     ds->num_classes = 0;
     ds->target_dim = 0;
+    ds->idx_type = 0;
+    ds->sample_rank = 0;
 }
 
 CASTOR_API void castor_dataset_free(castor_dataset *ds)
@@ -130,6 +132,10 @@ static int load_idx_into(castor_dataset *ds, const char *images_path, const char
     ds->n = n;
     ds->features = (int)features;
     ds->num_classes = (int)max_label + 1;
+    ds->idx_type = img.type;
+    ds->sample_rank = img.rank - 1;
+    for (int d = 1; d < img.rank; d++)
+        ds->sample_dims[d - 1] = img.dims[d];
     rc = CASTOR_OK;
 done:
     free(labels);
@@ -432,6 +438,17 @@ int castor__dataset_one_hot(castor_dataset *ds, int units)
     return CASTOR_OK;
 }
 
+int castor__dataset_sample_shape(const castor_dataset *ds, uint32_t dims[3], int *idx_type)
+{
+    if (!ds)
+        return 0;
+    if (idx_type)
+        *idx_type = ds->idx_type;
+    if (dims)
+        memcpy(dims, ds->sample_dims, sizeof ds->sample_dims);
+    return ds->sample_rank;
+}
+
 CASTOR_API size_t castor_dataset_size(const castor_dataset *ds)
 {
     return ds ? ds->n : 0;
@@ -496,6 +513,9 @@ CASTOR_API int castor_dataset_split_tail(castor_dataset *ds, size_t count, casto
     /* Outputs are sized for the whole set's classes, which the tail alone
      * may not all contain. */
     (*tail)->num_classes = ds->num_classes;
+    (*tail)->idx_type = ds->idx_type;
+    (*tail)->sample_rank = ds->sample_rank;
+    memcpy((*tail)->sample_dims, ds->sample_dims, sizeof ds->sample_dims);
     ds->x = shrink(ds->x, keep * features * sizeof(float));
     if (ds->labels)
         ds->labels = shrink(ds->labels, keep * sizeof(int32_t));

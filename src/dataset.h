@@ -22,6 +22,12 @@ struct castor_dataset {
     int num_classes;      /* max label + 1 (0 without labels) */
     float *targets;       /* n x target_dim, or NULL */
     int target_dim;
+    /* What the IDX image file said of the samples (0 where they came from
+     * memory): its element type code (castor__idx's type: only 0x08 is
+     * scaled) and each sample's shape, the dimensions after the first. */
+    int idx_type;
+    int sample_rank;      /* 1..3, 0: unknown */
+    uint32_t sample_dims[3];
     /* How many castor_model_fit calls read it now (training or validation
      * data): their progress callbacks must not split it under them. Atomic:
      * fits on separate models in separate threads may share a dataset,
@@ -35,6 +41,12 @@ struct castor_dataset {
  * label must be below units (CASTOR_INVALID); on failure ds is unchanged and
  * its errmsg says why. */
 int castor__dataset_one_hot(castor_dataset *ds, int units);
+
+/* The IDX element type of ds's images (0x08 unsigned byte, ...; 0 for a
+ * set made from memory) and each sample's shape into dims (at most 3):
+ * the number of dimensions, 0 where unknown. For the command line, which
+ * refuses a test set that was read otherwise than its training set. */
+int castor__dataset_sample_shape(const castor_dataset *ds, uint32_t dims[3], int *idx_type);
 
 /* Where castor_dataset_load_mnist_dir would read `which` ("train" or
  * "test") of dir: the images' and labels' paths into images and labels

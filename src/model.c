@@ -289,6 +289,7 @@ int castor_model_compile(castor_model *m, castor_strategy *s, castor_loss loss,
     m->epoch_batch = 0;
     m->epoch_samples = 0;
     m->epoch_shuffle = -1;
+    m->in_type = m->in_rank = 0;
     m->inconsistent = 0;
 
     m->loss = loss;

@@ -66,6 +66,12 @@ struct castor_model {
      * shuffled (-1: unknown). */
     uint64_t epoch_samples;
     int epoch_shuffle;
+    /* The IDX element type and sample shape of the data it was last fitted
+     * on, where that data came from IDX files (in_rank 0: unknown): kept
+     * in checkpoints so that another kind of data can be told apart. */
+    int in_type;
+    int in_rank;
+    uint32_t in_dims[3];
     uint64_t params_version; /* bumped whenever the variables change */
 
     /* What a load placed that is not finite (NaN or inf), which fit

@@ -269,6 +269,13 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
                                   "fit: the model is at step %lld of an epoch of %lld steps; "
                                   "is this the dataset it was trained on?",
                                   (long long)m->step_in_epoch, (long long)steps_per_epoch);
+    /* What the model is trained on, for its checkpoints (data from memory
+     * has no shape: what an IDX set said is kept). */
+    if (train->sample_rank > 0) {
+        m->in_type = train->idx_type;
+        m->in_rank = train->sample_rank;
+        memcpy(m->in_dims, train->sample_dims, sizeof m->in_dims);
+    }
     int rows = (size_t)o->batch_size < train->n ? o->batch_size : (int)train->n;
     staging st;
     uint32_t *perm = malloc(train->n * sizeof *perm);

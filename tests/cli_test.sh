@@ -869,6 +869,58 @@ for cmd in eval predict; do
     [[ ! -s "$T/out" ]] || bad "$cmd: printed results for data it refused" "$(head -3 "$T/out")"
 done
 
+# A test set of another shape for the same features, or scaled otherwise, than the model
+# was trained on (16x16 unsigned bytes): eval and predict took 8x32 images and float32
+# values of 0..255 as they were. The checkpoint now keeps input_shape and input_type, and
+# both commands refuse such a set (2); a file without the keys (older) loads unchecked.
+python3 - "$T" <<'EOF2'
+import gzip, os, struct, sys
+def write(d, name, magic, dims, payload):
+    os.makedirs(d, exist_ok=True)
+    with gzip.open(os.path.join(d, name), "wb") as f:
+        f.write(struct.pack(">I", magic) + b"".join(struct.pack(">I", x) for x in dims) + payload)
+n = 32
+labels = bytes(i % 10 for i in range(n))
+write(sys.argv[1] + "/data-8x32", "t10k-images-idx3-ubyte.gz", 0x803, (n, 8, 32),
+      bytes((5 * i) % 256 for i in range(n * 256)))
+write(sys.argv[1] + "/data-8x32", "t10k-labels-idx1-ubyte.gz", 0x801, (n,), labels)
+write(sys.argv[1] + "/data-f32", "t10k-images-idx3-ubyte.gz", 0xD03, (n, 16, 16),
+      b"".join(struct.pack(">f", float((5 * i) % 256)) for i in range(n * 256)))
+write(sys.argv[1] + "/data-f32", "t10k-labels-idx1-ubyte.gz", 0x801, (n,), labels)
+EOF2
+for cmd in eval predict; do
+    expect_error 2 "$cmd: 8x32 test images for a model trained on 16x16" "$cmd" --model "$SAVED" \
+        --data "$T/data-8x32"
+    grep -q "the test set in $T/data-8x32 has samples of 8x32 where --model $SAVED was trained on 16x16" \
+        "$T/err" || bad "$cmd: 8x32: the message does not say the shapes" "$(cat "$T/err")"
+    expect_error 2 "$cmd: float32 test pixels for a model trained on unsigned bytes" "$cmd" \
+        --model "$SAVED" --data "$T/data-f32"
+    grep -q "the test set in $T/data-f32 holds float32 values, taken as they are, where --model $SAVED was trained on unsigned bytes, scaled to \\[0,1\\]" \
+        "$T/err" || bad "$cmd: float32: the message does not say the types" "$(cat "$T/err")"
+done
+if python3 - "$SAVED" "$T/old-keys.safetensors" <<'EOF2'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+(n,) = struct.unpack("<Q", raw[:8])
+header = json.loads(raw[8:8 + n])
+meta = header["__metadata__"]
+assert meta["input_shape"] == "16x16" and meta["input_type"] == "ubyte", meta
+del meta["input_shape"], meta["input_type"]
+text = json.dumps(header, separators=(",", ":")).encode()
+text += b" " * (-len(text) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+EOF2
+then
+    run eval --model "$T/old-keys.safetensors" --data "$T/data-8x32"
+    if [[ $rc -eq 0 ]]; then
+        ok "eval: a checkpoint without input_shape/input_type loads, unchecked"
+    else
+        bad "eval: a checkpoint without input_shape/input_type: status $rc" "$(cat "$T/err")"
+    fi
+else
+    bad "the saved model has no input_shape 16x16 / input_type ubyte"
+fi
+
 # A data directory castor may not look inside (no x permission) is named as such; it
 # named DIR/t10k-images-idx3-ubyte, a file that does not exist (the data is .gz), as the
 # one it could not open. Root passes permissions: run as nobody then, if setpriv can.
@@ -1811,14 +1863,27 @@ def idx_set(d, prefix, n, side, classes):
 idx_set(root + "/data-feat", "train", 64, 8, 3); idx_set(root + "/data-feat", "t10k", 32, 4, 3)
 # test classes 0..9 where training has 0..2
 idx_set(root + "/data-tlab", "train", 64, 8, 3); idx_set(root + "/data-tlab", "t10k", 32, 8, 10)
+# test images of 4x16 where training has 8x8: the same 64 features (they were taken)
+idx_set(root + "/data-shape", "train", 64, 8, 3)
+write(root + "/data-shape", "t10k-images-idx3-ubyte.gz", 0x803, (32, 4, 16),
+      bytes((3 * i) % 256 for i in range(32 * 64)))
+write(root + "/data-shape", "t10k-labels-idx1-ubyte.gz", 0x801, (32,), bytes(i % 3 for i in range(32)))
+# float32 test pixels in [0,255] where training has unsigned bytes, scaled to [0,1] (taken)
+idx_set(root + "/data-type", "train", 64, 8, 3)
+write(root + "/data-type", "t10k-images-idx3-ubyte.gz", 0xD03, (32, 8, 8),
+      b"".join(struct.pack(">f", float((7 * i) % 256)) for i in range(32 * 64)))
+write(root + "/data-type", "t10k-labels-idx1-ubyte.gz", 0x801, (32,), bytes(i % 3 for i in range(32)))
 EOF
 then
-    for d in feat tlab; do
+    for d in feat tlab shape type; do
         start=$(date +%s%N)
         expect_error 2 "a test set that does not fit ($d)" train --data "$T/data-$d" --layers 8:relu,3 \
             --epochs 1000 --batch 8 --devices cpu --save "$T/never.safetensors"
         ms=$((($(date +%s%N) - start) / 1000000))
-        if grep -q 'test set' "$T/err" && [[ ! -e "$T/never.safetensors" && $ms -lt 20000 ]]; then
+        want='test set'
+        [[ $d == shape ]] && want="test set in $T/data-shape has samples of 4x16 where the training set has 8x8: the same 64 features in another layout"
+        [[ $d == type ]] && want="test set in $T/data-type holds float32 values, taken as they are, where the training set has unsigned bytes, scaled to \\[0,1\\]"
+        if grep -q "$want" "$T/err" && [[ ! -e "$T/never.safetensors" && $ms -lt 20000 ]]; then
             ok "refused before training (${ms} ms), nothing saved"
         else
             bad "a test set that does not fit ($d): not refused up front (${ms} ms)" "$(cat "$T/err")"

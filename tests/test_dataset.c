@@ -58,6 +58,40 @@ Test(dataset, load_idx_scales_pixels_and_counts_classes)
     castor_dataset_free(ds);
 }
 
+/* The command line compares a test set's shape and element type with the
+ * training set's: the loader keeps them, a split's tail carries them, and
+ * a set made from memory has none. */
+Test(dataset, sample_shape_and_type_are_kept)
+{
+    unsigned char img[256];
+    uint32_t idims[3] = {4, 2, 3};
+    size_t ilen = support_idx_build_ubyte(img, 3, idims, 24);
+    char ip[SUPPORT_PATH_LEN], lp[SUPPORT_PATH_LEN];
+    support_write_in(ip, "img-2x3", img, ilen);
+    unsigned char labels[4] = {0, 1, 2, 1};
+    write_labels(lp, "lab-2x3", 0x08, labels, 4, 4);
+    castor_dataset *ds = NULL, *tail = NULL, *mem = NULL;
+    cr_assert_eq(castor_dataset_load_idx(&ds, ip, lp), CASTOR_OK, "%s", castor_dataset_errmsg(ds));
+    uint32_t dims[3] = {0, 0, 0};
+    int type = -1;
+    cr_assert_eq(castor__dataset_sample_shape(ds, dims, &type), 2);
+    cr_assert(dims[0] == 2 && dims[1] == 3 && type == 0x08, "%ux%u, type %d", dims[0], dims[1],
+              type);
+    cr_assert_eq(castor_dataset_split_tail(ds, 1, &tail), CASTOR_OK);
+    memset(dims, 0, sizeof dims);
+    cr_assert_eq(castor__dataset_sample_shape(tail, dims, &type), 2);
+    cr_assert(dims[0] == 2 && dims[1] == 3 && type == 0x08, "the tail: %ux%u, type %d", dims[0],
+              dims[1], type);
+    const int32_t y[1] = {0};
+    cr_assert_eq(castor_dataset_from_memory(&mem, castor_dataset_x(ds), 1, 6, y, NULL, 0),
+                 CASTOR_OK);
+    cr_assert_eq(castor__dataset_sample_shape(mem, dims, &type), 0);
+    cr_assert_eq(type, 0);
+    castor_dataset_free(ds);
+    castor_dataset_free(tail);
+    castor_dataset_free(mem);
+}
+
 Test(dataset, load_idx_keeps_other_types_unscaled)
 {
     unsigned char img[256];

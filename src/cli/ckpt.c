@@ -1,6 +1,8 @@
 /* Checkpoint files for the command line: see ckpt.h. */
 #include "ckpt.h"
 
+#include "src/checkpoint.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -311,6 +313,15 @@ static int parse_meta(const cJSON *meta, cli_ckpt_meta *m, const char *path, cha
     m->replicas = meta_i64(meta, "replicas", 0, INT32_MAX, &v, path, err, errlen) ? 0 : (int)v;
     m->blas_threads =
         meta_i64(meta, "blas_threads", 0, INT32_MAX, &v, path, err, errlen) ? 0 : (int)v;
+    /* Checked by the library, which opened the file: read as it is. */
+    const char *type = meta_str(meta, "input_type"), *shape = meta_str(meta, "input_shape");
+    if (type && shape && (m->input_type = castor__ckpt_idx_type_parse(type)) != 0) {
+        for (const char *p = shape; m->input_rank < 3 && *p >= '0' && *p <= '9';) {
+            char *after;
+            m->input_dims[m->input_rank++] = (uint32_t)strtoul(p, &after, 10);
+            p = *after == 'x' ? after + 1 : after;
+        }
+    }
     err[0] = '\0';
     return 0;
 }

@@ -76,6 +76,10 @@ typedef struct cli_ckpt_meta {
     char devices[128];
     int replicas;
     int blas_threads;     /* OpenBLAS's threads for CPU replicas; 0: none, or not in the file */
+    /* The IDX element type code and sample shape of the data it was trained
+     * on (input_type, input_shape); 0 and 0 where the file does not say. */
+    int input_type, input_rank;
+    uint32_t input_dims[3];
 } cli_ckpt_meta;
 
 int cli_ckpt_read_meta(const char *path, cli_ckpt_meta *out, char *err, size_t errlen);

@@ -249,6 +249,14 @@ static int setup(model_cmd *c)
                    c->model, features, c->data_dir, castor_dataset_features(c->test));
         return CLI_EXIT_USAGE;
     }
+    /* The same features in another shape, or scaled otherwise, are other
+     * data than the model was trained on (where its file says). */
+    cli_data_kind trained = {c->meta.input_type, c->meta.input_rank, {0, 0, 0}};
+    memcpy(trained.dims, c->meta.input_dims, sizeof trained.dims);
+    char has[CLI_PATH_MAX + 32];
+    snprintf(has, sizeof has, "--model %s was trained on", c->model);
+    if ((rc = cli_check_data_kind(c->test, "test", c->data_dir, &trained, has)) != 0)
+        return rc;
     /* Labels past the last layer's units: evaluate would refuse them
      * without saying where they came from, and predict could only call
      * every such sample wrong. */

@@ -132,6 +132,12 @@ static int load_data(train_run *r)
                    cli_why(castor_dataset_errmsg(r->test), rc));
         return CLI_EXIT_RUNTIME;
     }
+    /* Features alone do not tell: 16x49 images or float pixels where
+     * training had 28x28 unsigned bytes are other data. */
+    cli_data_kind trained = cli_data_kind_of(r->train);
+    if ((rc = cli_check_data_kind(r->test, "test", r->data_dir, &trained,
+                                  "the training set has")) != 0)
+        return rc;
     if ((rc = train_split_validation(r)) != 0)
         return rc;
     train_note(r, "data %s: %zu training, %zu test samples of %d features", r->data_dir,

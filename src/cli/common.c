@@ -136,6 +136,70 @@ int cli_one_hot_targets(castor_dataset **ds, int units, const char *which, const
     return 0;
 }
 
+cli_data_kind cli_data_kind_of(const castor_dataset *ds)
+{
+    cli_data_kind k;
+    memset(&k, 0, sizeof k);
+    k.rank = castor__dataset_sample_shape(ds, k.dims, &k.type);
+    return k;
+}
+
+void cli_shape_text(const cli_data_kind *k, char *buf, size_t size)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int d = 0; d < k->rank && d < 3 && at < size; d++) {
+        int n = snprintf(buf + at, size - at, "%s%lu", d ? "x" : "", (unsigned long)k->dims[d]);
+        if (n < 0)
+            break;
+        at += (size_t)n;
+    }
+}
+
+static const char *type_text(int type)
+{
+    switch (type) {
+    case 0x08: return "unsigned bytes, scaled to [0,1]";
+    case 0x09: return "signed bytes, taken as they are";
+    case 0x0B: return "16-bit integers, taken as they are";
+    case 0x0C: return "32-bit integers, taken as they are";
+    case 0x0D: return "float32 values, taken as they are";
+    case 0x0E: return "float64 values, taken as they are";
+    default: return "values of an unknown type";
+    }
+}
+
+int cli_check_data_kind(const castor_dataset *ds, const char *which, const char *dir,
+                        const cli_data_kind *ref, const char *ref_has)
+{
+    cli_data_kind k = cli_data_kind_of(ds);
+    if (k.type && ref->type && (k.type == 0x08) != (ref->type == 0x08)) {
+        cli_errorf("the %s set in %s holds %s, where %s %s: the model would see its samples "
+                   "on another scale",
+                   which, dir, type_text(k.type), ref_has, type_text(ref->type));
+        return CLI_EXIT_USAGE;
+    }
+    if (k.rank < 2 || ref->rank < 2)
+        return 0;
+    uint64_t count = 1, ref_count = 1;
+    int same = k.rank == ref->rank;
+    for (int d = 0; d < k.rank && d < 3; d++)
+        count *= k.dims[d];
+    for (int d = 0; d < ref->rank && d < 3; d++) {
+        ref_count *= ref->dims[d];
+        same = same && k.dims[d] == ref->dims[d];
+    }
+    if (same || count != ref_count)  /* other features: the caller's message says so */
+        return 0;
+    char shape[64], ref_shape[64];
+    cli_shape_text(&k, shape, sizeof shape);
+    cli_shape_text(ref, ref_shape, sizeof ref_shape);
+    cli_errorf("the %s set in %s has samples of %s where %s %s: the same %llu features in "
+               "another layout, not the same kind of data",
+               which, dir, shape, ref_has, ref_shape, (unsigned long long)count);
+    return CLI_EXIT_USAGE;
+}
+
 int cli_flush_results(const char *cmd)
 {
     if (fflush(stdout) == 0)

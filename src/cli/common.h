@@ -7,6 +7,9 @@
 #ifndef CASTOR_CLI_COMMON_H
 #define CASTOR_CLI_COMMON_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "castor.h"
 
 #define CLI_DEFAULT_FASHION_MNIST "/usr/share/datasets/fashion-mnist"
@@ -55,6 +58,29 @@ void cli_log_stderr(void *user, castor_log_level level, const char *message);
  * directory) may be NULL. */
 int cli_check_labels(const castor_dataset *ds, int units, const char *which, const char *where,
                      const char *what, const char *why);
+/* How a data set's IDX images were read: the element type code (0x08
+ * unsigned bytes, scaled to [0,1]; the others taken as they are; 0:
+ * unknown) and each sample's shape (rank 0: unknown). */
+typedef struct cli_data_kind {
+    int type;
+    int rank;
+    uint32_t dims[3];
+} cli_data_kind;
+
+cli_data_kind cli_data_kind_of(const castor_dataset *ds);
+/* "28x28" into buf. */
+void cli_shape_text(const cli_data_kind *k, char *buf, size_t size);
+
+/* The WHICH ("test") set (ds, in dir) was read as `ref` was: 0, or
+ * CLI_EXIT_USAGE after saying "the test set in DIR has samples of 16x49 where REF 28x28
+ * ..." (of two shapes of more than one dimension each, for the same
+ * features: a flat vector has no shape to differ) or that one set's pixels
+ * are scaled to [0,1] and the other's taken as they are. ref_has ends the
+ * sentence's subject: "the training set has", "--model M was trained on".
+ * What either side does not know is not compared. */
+int cli_check_data_kind(const castor_dataset *ds, const char *which, const char *dir,
+                        const cli_data_kind *ref, const char *ref_has);
+
 /* An MSE model regresses on one-hot targets, a unit per class: replace the
  * labels of *ds (when it has labels) by them, in place, after
  * cli_check_labels. what names the setting in the messages ("--loss mse",

@@ -226,6 +226,14 @@ int train_resume(train_run *r)
                    path, features, r->data_dir, castor_dataset_features(r->train));
         return CLI_EXIT_USAGE;
     }
+    /* The same features in another shape, or scaled otherwise, are other
+     * data than the file was trained on. */
+    cli_data_kind trained = {r->meta.input_type, r->meta.input_rank, {0, 0, 0}};
+    memcpy(trained.dims, r->meta.input_dims, sizeof trained.dims);
+    char has[CLI_PATH_MAX + 32];
+    snprintf(has, sizeof has, "--resume %s was trained on", path);
+    if ((rc = cli_check_data_kind(r->train, "training", r->data_dir, &trained, has)) != 0)
+        return rc;
 
     if (trains && (rc = check_finite(r, path)) != 0)
         return rc;
