@@ -104,8 +104,8 @@ static int bad_value(const char *path, const char *key, const char *value, const
     return CASTOR_FORMAT;
 }
 
-int castor__ckpt_read_info(const castor__st_file *f, const char *path, castor__ckpt_info *info, char *err,
-                     size_t errlen)
+int castor__ckpt_read_info(const castor__st_file *f, const char *path, castor__ckpt_info *info,
+                           char *err, size_t errlen)
 {
     memset(info, 0, sizeof *info);
     const char *v;

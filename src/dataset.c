@@ -351,8 +351,9 @@ CASTOR_API int castor_dataset_from_memory(castor_dataset **out, const float *x, 
         for (size_t i = 0; i < n; i++) {
             /* num_classes = max + 1 must fit in an int. */
             if (labels[i] < 0 || labels[i] == INT32_MAX) {
-                castor__errf(err, errlen, "from_memory: label %zu is %ld, not a class number 0..%ld",
-                             i, (long)labels[i], (long)INT32_MAX - 1);
+                castor__errf(err, errlen,
+                             "from_memory: label %zu is %ld, not a class number 0..%ld", i,
+                             (long)labels[i], (long)INT32_MAX - 1);
                 return CASTOR_INVALID;
             }
             if (labels[i] > max_label)

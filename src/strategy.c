@@ -99,7 +99,8 @@ static void warn_blas_oversubscription(const castor_strategy *s)
         castor__log(s, CASTOR_LOG_WARN,
                     "%d emulated replicas x %d OpenBLAS threads on %d cores oversubscribe the CPU; "
                     "set OPENBLAS_NUM_THREADS=%d (or call openblas_set_num_threads) for speed",
-                    cpu_replicas, threads, cores, cores / cpu_replicas > 0 ? cores / cpu_replicas : 1);
+                    cpu_replicas, threads, cores,
+                    cores / cpu_replicas > 0 ? cores / cpu_replicas : 1);
 }
 
 int castor_strategy_create(castor_strategy **out, castor_strategy_kind kind, const char *devices,

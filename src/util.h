@@ -9,7 +9,8 @@
 #define CASTOR__MSG_MAX 10240
 
 /* snprintf into an error buffer; never overflows, always terminates. */
-void castor__errf(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void castor__errf(char *buf, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* The text for errno value e (GNU strerror_r: thread-safe, maybe in buf). */
 const char *castor__strerror(int e, char *buf, size_t len);

@@ -56,8 +56,8 @@ static const cli_flag train_flags[F_COUNT + 1] = {
                 "t10k-labels-idx1-ubyte, each plain or gzip'd (.gz; the plain one\n"
                 "if both are there). Unsigned-byte pixels are scaled to [0,1]; the\n"
                 "other IDX types (signed byte, short, int, float, double) are taken\n"
-                "as they are. An image may have any shape: its features are the\n"
-                "product of its dimensions. The test set must be read as the\n"
+                "as they are. An image may have any shape of up to 3 dimensions:\n"
+                "its features are their product. The test set must be read as the\n"
                 "training set is: a test set of another image shape (16x49 for\n"
                 "28x28), or of unsigned bytes where training has another type (or\n"
                 "the other way round), is refused (status 2)"},

@@ -270,8 +270,8 @@ int train_resume(train_run *r)
                 "(OPENBLAS_NUM_THREADS=%d gives the file's)\n",
                 path, r->meta.blas_threads, r->meta.blas_threads == 1 ? "" : "s", blas,
                 r->meta.blas_threads);
-    train_note(r, "resumed from %s: step %lld, epoch %lld + %lld steps; %d -> %s, %s, learning rate "
-            "%g, seed %llu",
+    train_note(r, "resumed from %s: step %lld, epoch %lld + %lld steps; %d -> %s, %s, "
+            "learning rate %g, seed %llu",
          path, (long long)castor_model_step(r->model), (long long)castor_model_epoch(r->model),
          (long long)castor_model_step_in_epoch(r->model), features, r->layers_spec,
          r->meta.optimizer, (double)r->lr, (unsigned long long)r->o.seed);
