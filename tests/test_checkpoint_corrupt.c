@@ -302,6 +302,33 @@ Test(checkpoint, bad_optimizer_step)
     corrupt_case(bad_optimizer_step, CASTOR_FORMAT, "'optimizer_step' is 'x'");
 }
 
+/* input_shape and input_type (the data a model was trained on) go together,
+ * name an IDX type, and multiply out to input_features (F = 12). */
+static void shape_without_type(parts *p)
+{
+    edit(p, "\"seed\":", "\"input_shape\":\"3x4\",\"seed\":");
+}
+static void unknown_input_type(parts *p)
+{
+    edit(p, "\"seed\":", "\"input_shape\":\"3x4\",\"input_type\":\"float16\",\"seed\":");
+}
+static void shape_of_other_features(parts *p)
+{
+    edit(p, "\"seed\":", "\"input_shape\":\"3x3\",\"input_type\":\"ubyte\",\"seed\":");
+}
+static void shape_of_four_dims(parts *p)
+{
+    edit(p, "\"seed\":", "\"input_shape\":\"1x3x2x2\",\"input_type\":\"ubyte\",\"seed\":");
+}
+
+Test(checkpoint, bad_input_shape_or_type)
+{
+    corrupt_case(shape_without_type, CASTOR_FORMAT, "'input_type'");
+    corrupt_case(unknown_input_type, CASTOR_FORMAT, "'input_type' is 'float16'");
+    corrupt_case(shape_of_other_features, CASTOR_FORMAT, "'input_shape' is '3x3'");
+    corrupt_case(shape_of_four_dims, CASTOR_FORMAT, "'input_shape' is '1x3x2x2'");
+}
+
 static void zero_epoch_samples(parts *p)
 {
     edit(p, "\"epoch_samples\":\"101\"", "\"epoch_samples\":\"0\"");
