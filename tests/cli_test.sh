@@ -1543,6 +1543,13 @@ for target in /dev/null "$T/fifo"; do
     fi
 done
 rm -f "$T/fifo"
+# A file name longer than the filesystem allows (NAME_MAX, 255 bytes): refused
+# before training (the run trained, then failed at the rename, the model lost).
+expect_error 2 "--save a name of 300 bytes" "${TRAIN[@]}" --epochs 1 \
+    --save "$T/$(printf 'n%.0s' {1..300})"
+if ! grep -q 'File name too long$' "$T/err" || grep -q 'epoch' "$T/err"; then
+    bad "--save a name of 300 bytes: the reason missing, or training ran" "$(cat "$T/err")"
+fi
 expect_error 1 "--save into a missing directory" "${TRAIN[@]}" --epochs 1 --save "$T/no-such-dir/m.safetensors"
 # ... unless --checkpoint-dir makes it (it was refused: "the directory ... does
 # not exist", of the directory the run was about to make); a --save that still

@@ -373,6 +373,12 @@ static int prepare_outputs(train_run *r)
             cli_errorf("--save %s: exists and is not a regular file", r->o.save);
             return CLI_EXIT_USAGE;
         }
+        /* A name longer than the filesystem takes (NAME_MAX) would fail
+         * only at the rename, the trained model lost with it. */
+        if (stat(r->o.save, &st) != 0 && errno == ENAMETOOLONG) {
+            cli_errorf("--save %s: %s", r->o.save, strerror(errno));
+            return CLI_EXIT_USAGE;
+        }
         if (stat(dir, &st) != 0) {
             if (errno == ENOENT)
                 cli_errorf("--save %s: the directory %s does not exist", r->o.save, dir);
