@@ -1671,6 +1671,23 @@ expect_error 2 "--checkpoint-dir whose checkpoints' names are too long" "${TRAIN
     --checkpoint-dir "$TOOLONG"
 grep -q 'path too long$' "$T/err" || bad "the error does not say why" "$(tail -c 100 "$T/err")"
 [[ ! -e "$T/toolong" ]] || bad "directories were made for it" "$(find "$T/toolong" | wc -l)"
+# ... and one whose checkpoints' names fit but not their temporary files'
+# (.tmp.XXXXXX more): refused too (it trained an epoch, then failed to write
+# the first); as --save of such a name (it failed after the training).
+NEARLY="$T/nearly"
+while [[ ${#NEARLY} -lt 3860 ]]; do NEARLY="$NEARLY/$(printf 'e%.0s' {1..200})"; done
+NEARLY="$NEARLY/$(printf 'f%.0s' {1..250})"
+NEARLY=${NEARLY:0:4060}  # + /ckpt-<12 digits>.safetensors: 4090 bytes; + .tmp.XXXXXX: 4101
+expect_error 2 "--checkpoint-dir whose checkpoints' temporary names are too long" "${TRAIN[@]}" \
+    --epochs 1 --checkpoint-dir "$NEARLY"
+if ! grep -q 'path too long$' "$T/err" || [[ -e "$T/nearly" ]]; then
+    bad "... the error does not say why, or directories were made" "$(tail -c 100 "$T/err")"
+fi
+mkdir -p "${NEARLY:0:4050}"
+expect_error 2 "--save a path of 4091 bytes" "${TRAIN[@]}" --epochs 1 \
+    --save "${NEARLY:0:4050}/$(printf 'g%.0s' {1..40})"
+grep -q 'path too long$' "$T/err" || bad "... the error does not say why" "$(tail -c 100 "$T/err")"
+rm -rf "$T/nearly"
 
 # ---- a --checkpoint-dir given with a trailing slash names files without "//" ---------------
 run "${TRAIN[@]}" --epochs 1 --batch 64 --checkpoint-dir "$T/ck-slash/" --quiet

@@ -310,9 +310,11 @@ static int prepare_outputs(train_run *r)
     char err[CLI_PATH_MAX + 256];
     /* --checkpoint-dir first: made here, it may be where --save goes. */
     if (r->o.checkpoint_dir) {
-        /* Before any directory is made for it. */
+        /* Before any directory is made for it; its temporary files' names
+         * too, or the first checkpoint fails an epoch into the run. */
         char probe[CLI_PATH_MAX];
-        if (cli_ckpt_path(probe, sizeof probe, r->o.checkpoint_dir, 0) != 0) {
+        size_t room = sizeof probe - CLI_TMP_SUFFIX_LEN;
+        if (cli_ckpt_path(probe, room, r->o.checkpoint_dir, 0) != 0) {
             cli_errorf("--checkpoint-dir %s: path too long", r->o.checkpoint_dir);
             return CLI_EXIT_USAGE;
         }
@@ -351,7 +353,9 @@ static int prepare_outputs(train_run *r)
         /* --save FILE: its directory must exist; find out now, not after
          * the training. */
         char dir[CLI_PATH_MAX];
-        if (snprintf(dir, sizeof dir, "%s", r->o.save) >= (int)sizeof dir) {
+        /* and the name of its temporary file fits */
+        int room = (int)(sizeof dir - CLI_TMP_SUFFIX_LEN);
+        if (snprintf(dir, sizeof dir, "%s", r->o.save) >= room) {
             cli_errorf("--save %s: path too long", r->o.save);
             return CLI_EXIT_USAGE;
         }
