@@ -570,6 +570,27 @@ else
     ok "taskset -c 0: skipped (no taskset, or fewer than 2 cores)"
 fi
 
+# A thread count for OpenBLAS is one it reads: a positive number in
+# OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS or OMP_NUM_THREADS. An empty or zero
+# value is none to OpenBLAS (all cores), and the CLI shares the cores as
+# without it (it left OpenBLAS alone on any value); a set count is kept.
+for setting in OPENBLAS_NUM_THREADS= OPENBLAS_NUM_THREADS=0 OMP_NUM_THREADS=1 \
+    GOTO_NUM_THREADS=1; do
+    timeout 300 env -u OPENBLAS_NUM_THREADS -u GOTO_NUM_THREADS -u OMP_NUM_THREADS "$setting" \
+        "$BIN" "${TRAIN[@]}" --devices cpu:2 --epochs 1 --batch 64 --verbose \
+        >"$T/out" 2>"$T/err"
+    rc=$?
+    shared=0
+    grep -Eq '^castor: OpenBLAS: [0-9]+ threads? per GEMM$' "$T/err" && shared=1
+    want=1
+    [[ $setting == *=1 ]] && want=0
+    if [[ $rc -eq 0 && $shared -eq $want ]]; then
+        ok "$setting: the CLI $( ((want)) && echo shares the cores || echo keeps the count)"
+    else
+        bad "$setting: status $rc, cores shared: $shared, want $want" "$(cat "$T/err")"
+    fi
+done
+
 # The progress bar, when stderr is a terminal (needs script(1) for a pty).
 if command -v script >/dev/null 2>&1 && script -qec true /dev/null </dev/null >/dev/null 2>&1; then
     script -qec "$(printf '%q ' "$BIN" "${TRAIN[@]}" --devices cpu:2 --epochs 2 --batch 64 --json)" \

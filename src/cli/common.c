@@ -38,10 +38,25 @@ static long cpu_replicas(const char *devices)
     return total;
 }
 
+/* Whether the environment sets OpenBLAS's thread count, read as OpenBLAS
+ * reads it (driver/others/openblas_env.c): the first of these that atoi
+ * gives a positive count. An empty or zero value is no setting there. */
+static int blas_threads_from_env(void)
+{
+    static const char *const names[] = {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                                        "OMP_NUM_THREADS"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const char *v = getenv(names[i]);
+        if (v && atoi(v) > 0)
+            return 1;
+    }
+    return 0;
+}
+
 int cli_blas_threads(const char *devices)
 {
     long replicas = cpu_replicas(devices);
-    if (replicas <= 0 || getenv("OPENBLAS_NUM_THREADS"))
+    if (replicas <= 0 || blas_threads_from_env())
         return 0;
     /* The cores this process may run on (taskset, a container's cpuset or
      * CPU quota), as the library counts them: not every core online. */

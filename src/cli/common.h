@@ -27,9 +27,11 @@
 const char *cli_data_dir(const char *data);
 
 /*
- * When --devices names emulated CPU devices and OPENBLAS_NUM_THREADS is not
- * set, give OpenBLAS cores / (CPU replicas) threads (at least one). Returns
- * the count set, or 0 where it left OpenBLAS alone.
+ * When --devices names emulated CPU devices and the environment gives
+ * OpenBLAS no thread count (OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS or
+ * OMP_NUM_THREADS, a positive number), give it cores / (CPU replicas)
+ * threads (at least one). Returns the count set, or 0 where it left
+ * OpenBLAS alone.
  */
 int cli_blas_threads(const char *devices);
 /* OpenBLAS's thread count as --devices would use it: 0 where it names no
