@@ -593,13 +593,23 @@ done
 
 # The progress bar, when stderr is a terminal (needs script(1) for a pty).
 if command -v script >/dev/null 2>&1 && script -qec true /dev/null </dev/null >/dev/null 2>&1; then
-    script -qec "$(printf '%q ' "$BIN" "${TRAIN[@]}" --devices cpu:2 --epochs 2 --batch 64 --json)" \
-        /dev/null </dev/null >"$T/tty" 2>&1
+    TERM=xterm script -qec "$(printf '%q ' "$BIN" "${TRAIN[@]}" --devices cpu:2 --epochs 2 \
+        --batch 64 --json)" /dev/null </dev/null >"$T/tty" 2>&1
     rc=$?
     if [[ $rc -eq 0 ]] && grep -q $'\r' "$T/tty" && grep -q 'epoch 2/2' "$T/tty"; then
         ok "progress on a terminal: a line redrawn with \\r"
     else
         bad "progress on a terminal: status $rc" "$(tr '\r' '\n' <"$T/tty" | tail -n 5)"
+    fi
+    # A terminal that says it cannot clear a line (TERM=dumb) gets plain
+    # lines, not escape codes it would print as text.
+    TERM=dumb script -qec "$(printf '%q ' "$BIN" "${TRAIN[@]}" --devices cpu:2 --epochs 2 \
+        --batch 64 --json)" /dev/null </dev/null >"$T/tty" 2>&1
+    rc=$?
+    if [[ $rc -eq 0 ]] && ! grep -q $'\033' "$T/tty" && grep -q '^epoch 2/2' "$T/tty"; then
+        ok "progress on a TERM=dumb terminal: plain lines, no escape codes"
+    else
+        bad "progress on a TERM=dumb terminal: status $rc" "$(cat -v "$T/tty" | tail -n 5)"
     fi
 else
     ok "progress on a terminal: skipped (no script(1) or no pty)"

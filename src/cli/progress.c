@@ -4,6 +4,7 @@
 #include "args.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
@@ -12,6 +13,12 @@ cli_progress_mode cli_progress_pick_mode(int quiet)
 {
     if (quiet)
         return CLI_PROGRESS_NONE;
+    /* A terminal that declares it cannot move the cursor or clear a line
+     * (TERM=dumb: Emacs's shell, some CI consoles) would show the bar's
+     * escape codes as text: it gets the plain lines. */
+    const char *term = getenv("TERM");
+    if (term && strcmp(term, "dumb") == 0)
+        return CLI_PROGRESS_LINES;
     return isatty(STDERR_FILENO) ? CLI_PROGRESS_BAR : CLI_PROGRESS_LINES;
 }
 
