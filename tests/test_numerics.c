@@ -4,8 +4,8 @@
  * step moves the variables by the learning rate times the mean gradient of
  * the batch, whatever the batch size, the short last batch, the strategy
  * and however the rows are split between replicas; evaluate's loss and
- * accuracy are per-sample means over a dataset that is not a multiple of
- * the batch.
+ * accuracy, and fit's after every step, are per-sample means over a dataset
+ * that is not a multiple of the batch.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -293,6 +293,100 @@ Test(numerics, evaluate_is_the_mean_over_every_sample)
                 evaluate_means(device_lists[i], (castor_strategy_kind)k,
                                CASTOR_LOSS_SOFTMAX_XENT, batch);
                 evaluate_means(device_lists[i], (castor_strategy_kind)k, CASTOR_LOSS_MSE, batch);
+            }
+}
+
+/* fit's reported loss and accuracy, after every step and for the epoch, are
+ * the means over the samples trained so far: the rows of a replica with
+ * fewer rows, or none, count once each, not as a replica's share. A rate
+ * too small to move the variables keeps every step at the compiled ones. */
+typedef struct seen_steps {
+    int n;
+    double loss[NS], accuracy[NS];
+} seen_steps;
+
+static int keep_step(void *user, const castor_progress *p)
+{
+    seen_steps *s = user;
+    cr_assert(s->n < NS);
+    s->loss[s->n] = p->loss;
+    s->accuracy[s->n++] = p->accuracy;
+    return 0;
+}
+
+static void fit_means(const char *devices, castor_strategy_kind kind, castor_loss loss,
+                      int batch)
+{
+    data d;
+    make_data(&d, 8);
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, kind, devices, NULL), CASTOR_OK);
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_create(&m, NF), CASTOR_OK);
+    cr_assert_eq(castor_model_add_layers(m, "6:tanh,3"), CASTOR_OK);
+    castor_optimizer sgd = castor_optimizer_defaults(CASTOR_OPT_SGD);
+    sgd.learning_rate = 1e-30f;
+    cr_assert_eq(castor_model_compile(m, s, loss, &sgd, 5), CASTOR_OK);
+    castor_dataset *ds = make_dataset(&d, loss);
+    size_t np = castor_model_num_params(m);
+    float *pf = malloc(np * sizeof(float));
+    double *p = malloc(np * sizeof(double));
+    cr_assert(pf && p);
+    cr_assert_eq(castor_model_get_params(m, pf, np), CASTOR_OK);
+    for (size_t i = 0; i < np; i++)
+        p[i] = pf[i];
+    seen_steps seen = {0};
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.batch_size = batch;
+    fo.shuffle = 0;
+    fo.progress = keep_step;
+    fo.progress_user = &seen;
+    castor_metrics epoch;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, &epoch), CASTOR_OK, "%s", castor_model_errmsg(m));
+    cr_assert_eq(seen.n, (NS + batch - 1) / batch);
+    double loss_sum = 0;
+    int hits = 0;
+    for (int i = 0; i < NS; i++) {
+        int hit;
+        loss_sum += ref_sample(m, p, &d, i, NULL, 0, &hit);
+        hits += hit;
+        int done = i + 1, step = i / batch;
+        if (done % batch != 0 && done != NS)
+            continue;
+        double want = loss_sum / done;
+        cr_assert(fabs(seen.loss[step] - want) <= 1e-5 * fmax(1, want),
+                  "%s %s batch %d, step %d: loss %.9g, want %.9g over %d samples", devices,
+                  castor_strategy_kind_name(kind), batch, step + 1, seen.loss[step], want, done);
+        if (loss == CASTOR_LOSS_SOFTMAX_XENT)
+            cr_assert(seen.accuracy[step] == (double)hits / done,
+                      "%s %s batch %d, step %d: accuracy %.9g, want %d/%d", devices,
+                      castor_strategy_kind_name(kind), batch, step + 1, seen.accuracy[step],
+                      hits, done);
+        else
+            cr_assert(isnan(seen.accuracy[step]));
+    }
+    cr_assert_eq(epoch.samples, NS);
+    cr_assert(epoch.loss == seen.loss[seen.n - 1]);
+    cr_assert(loss == CASTOR_LOSS_MSE || epoch.accuracy == seen.accuracy[seen.n - 1]);
+    free(pf), free(p);
+    castor_dataset_free(ds);
+    castor_model_free(m);
+    castor_strategy_free(s);
+}
+
+Test(numerics, fit_metrics_are_the_mean_over_every_sample)
+{
+    /* 4: a short last batch of 3 rows (one replica of cpu:2x2 gets none);
+     * 6: 2 rows over 3 and 4 replicas at the end; 16: one batch, larger
+     * than the data. */
+    static const int batches[] = {4, 6, 16};
+    for (size_t i = 0; i < sizeof device_lists / sizeof *device_lists; i++)
+        for (int k = 0; k < 2; k++)
+            for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) {
+                fit_means(device_lists[i], (castor_strategy_kind)k, CASTOR_LOSS_SOFTMAX_XENT,
+                          batches[b]);
+                fit_means(device_lists[i], (castor_strategy_kind)k, CASTOR_LOSS_MSE,
+                          batches[b]);
             }
 }
 
