@@ -323,8 +323,10 @@ typedef struct castor_progress {
     int64_t step_in_epoch;  /* steps done in this epoch */
     int64_t steps_per_epoch;
     int64_t global_step;    /* optimizer steps done in total */
-    double loss;            /* running mean loss this epoch */
-    double accuracy;        /* running accuracy this epoch (NaN for MSE) */
+    double loss;            /* running mean loss this epoch, over the samples
+                             * this call trained (after a resume mid-epoch,
+                             * not those trained before it) */
+    double accuracy;        /* the same, the accuracy (NaN for MSE) */
     double seconds;         /* since fit started */
     int epoch_end;          /* 1 at the end of an epoch: val_* are set */
     double val_loss, val_accuracy; /* NaN when there is no validation data */
@@ -353,6 +355,8 @@ typedef struct castor_fit_options {
 
 /* options may be NULL for the defaults; fit reads them once, as it starts
  * (changing them from the progress callback changes nothing in this fit).
+ * epochs counts epoch ends: an epoch left part-way, finished first (below),
+ * is one of them, so fit then trains epochs - 1 whole epochs after it.
  * last_epoch (may be NULL) gets the metrics of the last epoch that ended in
  * this call, over the samples this call trained of it; {NaN, NaN, 0} when
  * none ended. An epoch left part-way (max_steps, a stop, a checkpoint taken
