@@ -78,10 +78,54 @@ int castor__atomic_abort(castor__atomic_file *af, const char *what, char *err, s
     return CASTOR_IO;
 }
 
-int castor__atomic_begin(castor__atomic_file *af, const char *path, char *err, size_t errlen)
+char *castor__atomic_target(const char *path, int *rc, char *err, size_t errlen)
 {
-    memset(af, 0, sizeof *af);
-    af->fd = -1;
+    char eb[128];
+    char *cur = strdup(path);
+    if (!cur) {
+        *rc = CASTOR_NOMEM;
+        castor__errf(err, errlen, "%s: out of memory", path);
+        return NULL;
+    }
+    /* SYMLOOP_MAX on Linux: as many as open() follows before ELOOP. */
+    for (int hops = 0; hops < 40; hops++) {
+        struct stat st;
+        if (lstat(cur, &st) != 0 || !S_ISLNK(st.st_mode))
+            return cur;
+        char target[PATH_MAX];
+        ssize_t n = readlink(cur, target, sizeof target);
+        if (n < 0 || (size_t)n >= sizeof target) {
+            int e = n < 0 ? errno : ENAMETOOLONG;
+            castor__errf(err, errlen, "%s: cannot read the symbolic link %s: %s", path, cur,
+                         castor__strerror(e, eb, sizeof eb));
+            free(cur);
+            *rc = CASTOR_IO;
+            return NULL;
+        }
+        target[n] = '\0';
+        const char *slash = strrchr(cur, '/');
+        size_t keep = target[0] == '/' || !slash ? 0 : (size_t)(slash - cur) + 1;
+        char *next = malloc(keep + (size_t)n + 1);
+        if (!next) {
+            free(cur);
+            *rc = CASTOR_NOMEM;
+            castor__errf(err, errlen, "%s: out of memory", path);
+            return NULL;
+        }
+        memcpy(next, cur, keep);
+        memcpy(next + keep, target, (size_t)n + 1);
+        free(cur);
+        cur = next;
+    }
+    castor__errf(err, errlen, "%s: %s", path, castor__strerror(ELOOP, eb, sizeof eb));
+    free(cur);
+    *rc = CASTOR_IO;
+    return NULL;
+}
+
+/* castor__atomic_begin once the path is no symbolic link. */
+static int begin_at(castor__atomic_file *af, const char *path, char *err, size_t errlen)
+{
     struct stat st;
     if (stat(path, &st) == 0) {
         if (S_ISDIR(st.st_mode)) {
@@ -131,6 +175,23 @@ int castor__atomic_begin(castor__atomic_file *af, const char *path, char *err, s
         return castor__atomic_abort(af, "cannot set the permissions of the temporary file", err,
                                     errlen);
     return CASTOR_OK;
+}
+
+int castor__atomic_begin(castor__atomic_file *af, const char *path, char *err, size_t errlen)
+{
+    memset(af, 0, sizeof *af);
+    af->fd = -1;
+    /* A symbolic link is written through, as open() would: the file it
+     * leads to is replaced (its temporary file beside it, so the rename
+     * stays in one directory) and the link stays. Renaming over the link
+     * would put a plain file in its place and leave its target stale. */
+    int rc = CASTOR_OK;
+    char *target = castor__atomic_target(path, &rc, err, errlen);
+    if (!target)
+        return rc;
+    rc = begin_at(af, target, err, errlen);
+    free(target);
+    return rc;
 }
 
 int castor__atomic_write(castor__atomic_file *af, const void *data, size_t len)

@@ -21,12 +21,21 @@ typedef struct castor__atomic_file {
 } castor__atomic_file;
 
 /*
- * Start replacing path. A new file gets what open() makes of 0666 (the
+ * Start replacing path; a symbolic link there is followed, as open()
+ * would, and the file it leads to is the one replaced (the link stays, and
+ * errors name that file). A new file gets what open() makes of 0666 (the
  * umask, or the directory's default ACL); an existing one keeps its
  * permissions. CASTOR_OK, or CASTOR_IO / CASTOR_NOMEM with "PATH: why" in
  * err (a directory or another non-regular file at path is refused).
  */
 int castor__atomic_begin(castor__atomic_file *af, const char *path, char *err, size_t errlen);
+
+/* The file castor__atomic_begin replaces for path: path, or where the
+ * symbolic link path leads, followed link by link as open() would (a
+ * relative target read from its link's directory; the last target may not
+ * exist yet). A malloc'd path, or NULL with *rc (CASTOR_IO, CASTOR_NOMEM)
+ * and "PATH: why" in err. */
+char *castor__atomic_target(const char *path, int *rc, char *err, size_t errlen);
 
 /* Write all of data to af (EINTR and short writes handled): 0, or -1 with errno. */
 int castor__atomic_write(castor__atomic_file *af, const void *data, size_t len);

@@ -1582,6 +1582,26 @@ if ! grep -q 'File name too long$' "$T/err" || grep -q 'epoch' "$T/err"; then
     bad "--save a name of 300 bytes: the reason missing, or training ran" "$(cat "$T/err")"
 fi
 expect_error 1 "--save into a missing directory" "${TRAIN[@]}" --epochs 1 --save "$T/no-such-dir/m.safetensors"
+# --save to a symbolic link writes the file it leads to and keeps the link
+# (it put a plain file in the link's place and left its target stale); a
+# link into a missing directory is refused before training, as that
+# directory is where the file goes.
+mkdir -p "$T/store" "$T/links"
+ln -s ../store/model.safetensors "$T/links/model.safetensors"
+run "${TRAIN[@]}" --epochs 1 --batch 64 --quiet --save "$T/links/model.safetensors"
+if [[ $rc -eq 0 && -L "$T/links/model.safetensors" && -f "$T/store/model.safetensors" ]] &&
+    ! compgen -G "$T/store/*.tmp.*" >/dev/null; then
+    ok "--save through a symbolic link: the link stays, its target is written"
+else
+    bad "--save through a symbolic link: status $rc" "$(ls -l "$T/links" "$T/store"; cat "$T/err")"
+fi
+ln -s ../no-such-dir/m.safetensors "$T/links/dangling.safetensors"
+expect_error 1 "--save a link into a missing directory" "${TRAIN[@]}" --epochs 1 \
+    --save "$T/links/dangling.safetensors"
+if ! grep -q 'no-such-dir does not exist$' "$T/err" || grep -q 'epoch' "$T/err"; then
+    bad "--save a link into a missing directory: not named, or training ran" "$(cat "$T/err")"
+fi
+rm -rf "$T/store" "$T/links"
 # ... unless --checkpoint-dir makes it (it was refused: "the directory ... does
 # not exist", of the directory the run was about to make); a --save that still
 # cannot be written leaves no directory made for --checkpoint-dir behind.

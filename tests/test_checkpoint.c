@@ -489,6 +489,67 @@ Test(checkpoint, failed_save_leaves_old_file)
     ckpt_teardown(&fx);
 }
 
+/* A save to a symbolic link writes the file it leads to, as open() would,
+ * and leaves the link: renaming over the link put a plain file in its
+ * place and left the file the user keeps the model in stale. */
+Test(checkpoint, save_writes_through_a_symbolic_link)
+{
+    fixture fx;
+    ckpt_setup(&fx);
+    char *store = ckpt_path_in(fx.dir, "store");
+    cr_assert_eq(mkdir(store, 0755), 0);
+    char *real = ckpt_path_in(fx.dir, "store/model.safetensors");
+    char *link1 = ckpt_path_in(fx.dir, "link1.safetensors");
+    char *link2 = ckpt_path_in(fx.dir, "link2.safetensors");
+    /* link2 -> link1 -> store/model.safetensors (relative, read from each
+     * link's directory), which does not exist yet */
+    cr_assert_eq(symlink("store/model.safetensors", link1), 0);
+    cr_assert_eq(symlink("link1.safetensors", link2), 0);
+    cr_assert_eq(castor_model_save(fx.m, link2), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
+    struct stat st;
+    cr_assert_eq(lstat(link2, &st), 0);
+    cr_assert(S_ISLNK(st.st_mode), "the link was replaced by a plain file");
+    cr_assert_eq(lstat(link1, &st), 0);
+    cr_assert(S_ISLNK(st.st_mode), "the inner link was replaced by a plain file");
+    cr_assert_eq(lstat(real, &st), 0);
+    cr_assert(S_ISREG(st.st_mode));
+    size_t want_len, got_len;
+    unsigned char *want = ckpt_slurp(real, &want_len);
+    cr_assert_eq(castor_model_save(fx.m, fx.bad), CASTOR_OK);
+    unsigned char *got = ckpt_slurp(fx.bad, &got_len);
+    cr_assert(want_len == got_len && memcmp(want, got, want_len) == 0,
+              "the file behind the links is not the model's");
+    /* a save over it through the link replaces the target's contents */
+    cr_assert_eq(castor_model_save(fx.m, link1), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
+    cr_assert_eq(lstat(link1, &st), 0);
+    cr_assert(S_ISLNK(st.st_mode));
+    cr_assert_eq(dir_entries(store, NULL), 1);  /* no temporary file left */
+    free(want);
+    free(got);
+
+    /* a loop of links is refused, naming the path given */
+    char *loop = ckpt_path_in(fx.dir, "loop.safetensors");
+    cr_assert_eq(symlink("loop.safetensors", loop), 0);
+    cr_assert_eq(castor_model_save(fx.m, loop), CASTOR_IO);
+    cr_assert(strstr(castor_model_errmsg(fx.m), loop), "%s", castor_model_errmsg(fx.m));
+    cr_assert_eq(lstat(loop, &st), 0);
+    cr_assert(S_ISLNK(st.st_mode));
+    /* a link to a directory is refused as the directory is */
+    char *to_dir = ckpt_path_in(fx.dir, "to_dir.safetensors");
+    cr_assert_eq(symlink("store", to_dir), 0);
+    cr_assert_eq(castor_model_save(fx.m, to_dir), CASTOR_IO);
+    cr_assert(strstr(castor_model_errmsg(fx.m), "is a directory"), "%s",
+              castor_model_errmsg(fx.m));
+    cr_assert_eq(dir_entries(store, NULL), 1);
+    free(loop);
+    free(to_dir);
+    free(store);
+    free(real);
+    free(link1);
+    free(link2);
+    ckpt_teardown(&fx);
+}
+
 static int refuse_h2d(cdev *dev, int stream, void *d_dst, const void *h_src, size_t bytes)
 {
     (void)stream, (void)d_dst, (void)h_src, (void)bytes;

@@ -18,6 +18,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -28,6 +29,7 @@
 #include "cli.h"
 #include "common.h"
 #include "progress.h"
+#include "src/atomic_file.h"
 #include "src/dataset.h"
 #include "train.h"
 
@@ -302,6 +304,60 @@ static int check_checkpoint_dir(train_run *r)
     return 0;
 }
 
+/* --save FILE, where dest is the file written: FILE, or where the symbolic
+ * link FILE leads (castor_model_save writes through it). */
+static int check_save_path(const train_run *r, const char *dest)
+{
+    /* Its directory must exist and the name of its temporary file fit:
+     * found out now, not after the training. */
+    char dir[CLI_PATH_MAX];
+    int room = (int)(sizeof dir - CLI_TMP_SUFFIX_LEN);
+    if (snprintf(dir, sizeof dir, "%s", dest) >= room) {
+        cli_errorf("--save %s: path too long", r->o.save);
+        return CLI_EXIT_USAGE;
+    }
+    char *slash = strrchr(dir, '/');
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == dir)
+        dir[1] = '\0';
+    else
+        *slash = '\0';
+    struct stat st;
+    if (stat(dest, &st) == 0 && S_ISDIR(st.st_mode)) {
+        cli_errorf("--save %s: is a directory (give a file name)", r->o.save);
+        return CLI_EXIT_USAGE;
+    }
+    /* The library replaces only regular files (a device or a FIFO is
+     * refused when saving): refused now, not after the training. */
+    if (stat(dest, &st) == 0 && !S_ISREG(st.st_mode)) {
+        cli_errorf("--save %s: exists and is not a regular file", r->o.save);
+        return CLI_EXIT_USAGE;
+    }
+    /* A name longer than the filesystem takes (NAME_MAX) would fail
+     * only at the rename, the trained model lost with it. */
+    if (stat(dest, &st) != 0 && errno == ENAMETOOLONG) {
+        cli_errorf("--save %s: %s", r->o.save, strerror(errno));
+        return CLI_EXIT_USAGE;
+    }
+    if (stat(dir, &st) != 0) {
+        if (errno == ENOENT)
+            cli_errorf("--save %s: the directory %s does not exist", r->o.save, dir);
+        else
+            cli_errorf("--save %s: the directory %s: %s", r->o.save, dir, strerror(errno));
+        return CLI_EXIT_RUNTIME;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        cli_errorf("--save %s: %s is not a directory", r->o.save, dir);
+        return CLI_EXIT_RUNTIME;
+    }
+    if (access(dir, W_OK | X_OK) != 0) {
+        cli_errorf("--save %s: cannot write in %s: %s", r->o.save, dir, strerror(errno));
+        return CLI_EXIT_RUNTIME;
+    }
+    return 0;
+}
+
 static int prepare_outputs(train_run *r)
 {
     int rc = check_data_fits(r);
@@ -350,54 +406,16 @@ static int prepare_outputs(train_run *r)
             return rc;
     }
     if (r->o.save) {
-        /* --save FILE: its directory must exist; find out now, not after
-         * the training. */
-        char dir[CLI_PATH_MAX];
-        /* and the name of its temporary file fits */
-        int room = (int)(sizeof dir - CLI_TMP_SUFFIX_LEN);
-        if (snprintf(dir, sizeof dir, "%s", r->o.save) >= room) {
-            cli_errorf("--save %s: path too long", r->o.save);
-            return CLI_EXIT_USAGE;
-        }
-        char *slash = strrchr(dir, '/');
-        if (!slash)
-            snprintf(dir, sizeof dir, ".");
-        else if (slash == dir)
-            dir[1] = '\0';
-        else
-            *slash = '\0';
-        struct stat st;
-        if (stat(r->o.save, &st) == 0 && S_ISDIR(st.st_mode)) {
-            cli_errorf("--save %s: is a directory (give a file name)", r->o.save);
-            return CLI_EXIT_USAGE;
-        }
-        /* The library replaces only regular files (a device or a FIFO is
-         * refused when saving): refused now, not after the training. */
-        if (stat(r->o.save, &st) == 0 && !S_ISREG(st.st_mode)) {
-            cli_errorf("--save %s: exists and is not a regular file", r->o.save);
-            return CLI_EXIT_USAGE;
-        }
-        /* A name longer than the filesystem takes (NAME_MAX) would fail
-         * only at the rename, the trained model lost with it. */
-        if (stat(r->o.save, &st) != 0 && errno == ENAMETOOLONG) {
-            cli_errorf("--save %s: %s", r->o.save, strerror(errno));
-            return CLI_EXIT_USAGE;
-        }
-        if (stat(dir, &st) != 0) {
-            if (errno == ENOENT)
-                cli_errorf("--save %s: the directory %s does not exist", r->o.save, dir);
-            else
-                cli_errorf("--save %s: the directory %s: %s", r->o.save, dir, strerror(errno));
+        /* The library writes a symbolic link's target, in its directory. */
+        char *dest = castor__atomic_target(r->o.save, &rc, err, sizeof err);
+        if (!dest) {
+            cli_errorf("--save %s", err);
             return CLI_EXIT_RUNTIME;
         }
-        if (!S_ISDIR(st.st_mode)) {
-            cli_errorf("--save %s: %s is not a directory", r->o.save, dir);
-            return CLI_EXIT_RUNTIME;
-        }
-        if (access(dir, W_OK | X_OK) != 0) {
-            cli_errorf("--save %s: cannot write in %s: %s", r->o.save, dir, strerror(errno));
-            return CLI_EXIT_RUNTIME;
-        }
+        rc = check_save_path(r, dest);
+        free(dest);
+        if (rc)
+            return rc;
     }
     if (r->o.checkpoint_dir) {
         /* Ours now, and this run's past: what a killed write left is
