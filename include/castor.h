@@ -111,7 +111,8 @@ typedef struct castor_strategy_options {
      * per core the process may use (fewer than are online under taskset, a
      * cpuset or a cgroup CPU quota such as docker --cpus). */
     int host_threads;
-    /* Allow TF32 tensor-core math on CUDA devices (off: plain fp32). */
+    /* Allow TF32 tensor-core math on CUDA devices (off: plain fp32); with
+     * no CUDA device among the replicas a warning is logged. */
     int tf32;
     /* Messages at or below this level go to log_fn; default WARN. */
     castor_log_level log_level;

@@ -78,10 +78,6 @@ static int open_devices(castor_strategy *s, const char *spec)
     return CASTOR_OK;
 }
 
-/* Emulated replicas each run OpenBLAS GEMMs at once; with OpenBLAS's own
- * threads on top they oversubscribe the cores (measured 2-3x slower on 2
- * cores). OpenBLAS's thread count is process-wide and the application's to
- * set, so the library only says so. */
 int castor__strategy_cpu_replicas(const castor_strategy *s)
 {
     int cpu_replicas = 0;
@@ -90,6 +86,10 @@ int castor__strategy_cpu_replicas(const castor_strategy *s)
     return cpu_replicas;
 }
 
+/* Emulated replicas each run OpenBLAS GEMMs at once; with OpenBLAS's own
+ * threads on top they oversubscribe the cores (measured 2-3x slower on 2
+ * cores). OpenBLAS's thread count is process-wide and the application's to
+ * set, so the library only says so. */
 static void warn_blas_oversubscription(const castor_strategy *s)
 {
     int cpu_replicas = castor__strategy_cpu_replicas(s);
@@ -138,6 +138,11 @@ int castor_strategy_create(castor_strategy **out, castor_strategy_kind kind, con
     castor__log(s, CASTOR_LOG_INFO, "%s strategy on %d replica(s): %s",
                 castor_strategy_kind_name(kind), s->n_replicas, s->devices_spec);
     warn_blas_oversubscription(s);
+    /* Asked for and silently not given, TF32 would be taken to have been
+     * measured (a bench, an accuracy comparison) where it never ran. */
+    if (s->opts.tf32 && !s->use_cuda)
+        castor__log(s, CASTOR_LOG_WARN, "tf32 has no effect here: no replica is a GPU (%s), and "
+                    "the emulated devices compute in plain fp32", s->devices_spec);
     s->ready = 1;
     return CASTOR_OK;
 }

@@ -529,6 +529,28 @@ Test(train, the_other_failed_replicas_are_logged)
     castor_strategy_free(s);
 }
 
+/* TF32 asked for where no replica is a GPU is not silently dropped: the
+ * run is plain fp32 and the log says so (nothing said it before). */
+Test(train, tf32_without_a_gpu_is_logged)
+{
+    for (int tf32 = 0; tf32 < 2; tf32++) {
+        log_lines lines = {.n = 0};
+        castor_strategy_options so = CASTOR_STRATEGY_OPTIONS_INIT;
+        so.log_fn = keep_log;
+        so.log_user = &lines;
+        so.tf32 = tf32;
+        castor_strategy *s = NULL;
+        cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu", &so), CASTOR_OK,
+                     "%s", castor_strategy_errmsg(s));
+        int said = 0;
+        for (int i = 0; i < lines.n; i++)
+            said |= strstr(lines.text[i], "tf32 has no effect here") != NULL;
+        cr_expect_eq(said, tf32, "tf32 %d: %d warnings, the first: %s", tf32, lines.n,
+                     lines.n ? lines.text[0] : "-");
+        castor_strategy_free(s);
+    }
+}
+
 Test(train, rows_near_int_max_grow_the_buffers_or_fail)
 {
     /* (rows + n - 1) / n overflowed for rows near INT_MAX: the replicas
