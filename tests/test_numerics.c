@@ -390,6 +390,64 @@ Test(numerics, fit_metrics_are_the_mean_over_every_sample)
             }
 }
 
+/* An epoch trains on every sample exactly once, shuffled or not, whatever
+ * the batch: with a learning rate too small to move any variable, fit's
+ * epoch loss and accuracy are then evaluate's, over all NS samples. A
+ * shuffle that repeated one sample and dropped another, or an epoch that
+ * dropped a last batch of one row (NS = 5 * 2 + 1 = 2 * 5 + 1), changes them. */
+static void epoch_sees_every_sample(const char *devices, castor_strategy_kind kind, int batch,
+                                    int shuffle)
+{
+    data d;
+    make_data(&d, 10);
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, kind, devices, NULL), CASTOR_OK);
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_create(&m, NF), CASTOR_OK);
+    cr_assert_eq(castor_model_add_layers(m, "6:tanh,3"), CASTOR_OK);
+    castor_optimizer sgd = castor_optimizer_defaults(CASTOR_OPT_SGD);
+    sgd.learning_rate = 1e-30f;
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, &sgd, 5), CASTOR_OK, "%s",
+                 castor_model_errmsg(m));
+    castor_dataset *ds = make_dataset(&d, CASTOR_LOSS_SOFTMAX_XENT);
+    castor_metrics all;
+    cr_assert_eq(castor_model_evaluate(m, ds, NS, &all), CASTOR_OK, "%s",
+                 castor_model_errmsg(m));
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.batch_size = batch;
+    fo.shuffle = shuffle;
+    int64_t steps = (NS + batch - 1) / batch;
+    /* One fit per epoch: each epoch has a shuffle of its own. */
+    for (int e = 1; e <= 3; e++) {
+        castor_metrics got;
+        cr_assert_eq(castor_model_fit(m, ds, &fo, &got), CASTOR_OK, "%s",
+                     castor_model_errmsg(m));
+        cr_assert_eq(castor_model_epoch(m), e);
+        cr_assert_eq(castor_model_step(m), e * steps, "%s batch %d: %lld steps after %d epochs",
+                     devices, batch, (long long)castor_model_step(m), e);
+        cr_assert_eq(got.samples, NS, "%s batch %d: the epoch saw %zu samples", devices, batch,
+                     got.samples);
+        cr_assert(fabs(got.loss - all.loss) <= 1e-6 * all.loss,
+                  "%s %s batch %d shuffle %d epoch %d: loss %.9g, over every sample %.9g",
+                  devices, castor_strategy_kind_name(kind), batch, shuffle, e, got.loss,
+                  all.loss);
+        cr_assert(got.accuracy == all.accuracy, "%s batch %d epoch %d: accuracy %.9g, want %.9g",
+                  devices, batch, e, got.accuracy, all.accuracy);
+    }
+    castor_dataset_free(ds);
+    castor_model_free(m);
+    castor_strategy_free(s);
+}
+
+Test(numerics, an_epoch_trains_on_every_sample_once)
+{
+    static const int batches[] = {2, 4, 5, NS};  /* 2 and 5 end on a batch of one */
+    for (int k = 0; k < 2; k++)
+        for (size_t b = 0; b < sizeof batches / sizeof *batches; b++)
+            for (int shuffle = 0; shuffle < 2; shuffle++)
+                epoch_sees_every_sample("cpu:2", (castor_strategy_kind)k, batches[b], shuffle);
+}
+
 /* Several steps of each optimizer through fit against the textbook update
  * on the reference gradient: the step count behind Adam's bias correction,
  * the velocity and the moments carried from step to step, across epochs. */
