@@ -337,6 +337,13 @@ static void two_epoch_shuffle(parts *p)
 {
     edit(p, "\"epoch_shuffle\":\"1\"", "\"epoch_shuffle\":\"2\"");
 }
+/* An epoch in progress (the good file is 3 steps into its first) needs
+ * the batch size it was started with: fit refuses to finish it with any
+ * other, so 0 would make the file unresumable, not merely unusual. */
+static void zero_epoch_batch(parts *p)
+{
+    edit(p, "\"epoch_batch\":\"16\"", "\"epoch_batch\":\"0\"");
+}
 /* As written before these keys existed. */
 static void no_epoch_order(parts *p)
 {
@@ -348,6 +355,7 @@ Test(checkpoint, bad_epoch_order)
 {
     corrupt_case(zero_epoch_samples, CASTOR_FORMAT, "'epoch_samples' is '0'");
     corrupt_case(two_epoch_shuffle, CASTOR_FORMAT, "'epoch_shuffle' is '2'");
+    corrupt_case(zero_epoch_batch, CASTOR_FORMAT, "'epoch_batch' is '0'");
 }
 
 Test(checkpoint, epoch_order_absent_from_older_files)
