@@ -281,6 +281,20 @@ expect_error 2 "--validation-split -1" train --validation-split -1
 expect_error 2 "--device-memory 12Q" train --device-memory 12Q
 expect_error 2 "--device-memory 99999999T" train --device-memory 99999999T
 expect_error 2 "--host-threads -1" train --host-threads -1
+# Each range's top: one past it is a usage error, before any data loads (the
+# library takes any weight decay >= 0, so for it the flag is the only check);
+# the top itself passes the parse and the missing data fails the run.
+NODATA=(train --data "$T/no-such-dir")
+expect_error 2 "--epochs 1000001" "${NODATA[@]}" --epochs 1000001
+expect_error 2 "--host-threads 1025" "${NODATA[@]}" --host-threads 1025
+expect_error 2 "--batch 16777217" "${NODATA[@]}" --batch 16777217
+expect_error 2 "--weight-decay 1.5" "${NODATA[@]}" --optimizer adamw --weight-decay 1.5
+for flag in "--epochs 1000000" "--host-threads 1024" "--batch 16777216" \
+    "--optimizer adamw --weight-decay 1"; do
+    # shellcheck disable=SC2086
+    expect_error 1 "$flag is in range" "${NODATA[@]}" $flag
+    grep -q 'cannot load the training data' "$T/err" || bad "$flag: refused" "$(cat "$T/err")"
+done
 expect_error 2 "--optimizer rmsprop" train --optimizer rmsprop
 expect_error 2 "--strategy sideways" train --strategy sideways
 expect_error 2 "--loss hinge" train --loss hinge
