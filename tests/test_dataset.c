@@ -113,6 +113,23 @@ Test(dataset, load_idx_keeps_other_types_unscaled)
     castor_dataset_free(ds);
 }
 
+/* 2^24 - 1, the largest label a float carries exactly, is a class like any
+ * other: the bound is inclusive. */
+Test(dataset, load_idx_takes_the_largest_label)
+{
+    unsigned char img[64];
+    uint32_t idims[2] = {2, 1};
+    char ip[SUPPORT_PATH_LEN], lp[SUPPORT_PATH_LEN];
+    support_write_in(ip, "img", img, support_idx_build_ubyte(img, 2, idims, 2));
+    const unsigned char lab32[8] = {0, 0, 0, 0, 0, 0xFF, 0xFF, 0xFF};
+    write_labels(lp, "lab-max", 0x0C, lab32, 2, sizeof lab32);
+    castor_dataset *ds = NULL;
+    cr_assert_eq(castor_dataset_load_idx(&ds, ip, lp), CASTOR_OK, "%s", castor_dataset_errmsg(ds));
+    cr_assert_eq(castor_dataset_labels(ds)[1], (1 << 24) - 1);
+    cr_assert_eq(ds->num_classes, 1 << 24);
+    castor_dataset_free(ds);
+}
+
 /* load_idx must fail with `code`, a one-line message naming `names_path`
  * and saying `words`, and still hand out a handle that holds no data. */
 static void expect_load_error(const char *ip, const char *lp, int code, const char *names_path,
@@ -182,6 +199,13 @@ Test(dataset, load_idx_rejects_bad_labels_and_images)
     size_t flen = support_idx_build(imgf, 0x0D, 2, fdims, f32, sizeof f32);
     support_write_in(ipf, "img-nan", imgf, flen);
     expect_load_error(ipf, lp, CASTOR_FORMAT, ipf, "sample 2");
+    /* And an infinity in a float64 file: the other type that can hold one. */
+    unsigned char f64[32] = {0};
+    f64[8] = 0x7F;
+    f64[9] = 0xF0;
+    flen = support_idx_build(imgf, 0x0E, 2, fdims, f64, sizeof f64);
+    support_write_in(ipf, "img-inf64", imgf, flen);
+    expect_load_error(ipf, lp, CASTOR_FORMAT, ipf, "sample 1, value 0 is inf");
 
     /* The reader's own errors come through with the right file named. */
     char missing[SUPPORT_PATH_LEN];
@@ -444,13 +468,14 @@ Test(dataset, one_hot_in_place)
     cr_assert_null(ds->targets);
     cr_assert_eq(ds->num_classes, 3);
 
-    cr_assert_eq(castor__dataset_one_hot(ds, 4), CASTOR_OK, "%s", castor_dataset_errmsg(ds));
+    /* As many units as classes, the usual case (10 classes, 10 outputs). */
+    cr_assert_eq(castor__dataset_one_hot(ds, 3), CASTOR_OK, "%s", castor_dataset_errmsg(ds));
     cr_assert_eq(castor_dataset_x(ds), samples, "the samples stay where they were");
     cr_assert_null(castor_dataset_labels(ds));
-    cr_assert_eq(ds->target_dim, 4);
+    cr_assert_eq(ds->target_dim, 3);
     for (int i = 0; i < 4; i++)
-        for (int k = 0; k < 4; k++)
-            cr_assert_eq(ds->targets[i * 4 + k], k == y[i] ? 1.0f : 0.0f, "sample %d unit %d",
+        for (int k = 0; k < 3; k++)
+            cr_assert_eq(ds->targets[i * 3 + k], k == y[i] ? 1.0f : 0.0f, "sample %d unit %d",
                          i, k);
     for (int i = 0; i < 8; i++)
         cr_assert_eq(castor_dataset_x(ds)[i], x[i]);
