@@ -12,6 +12,7 @@
 
 #include "castor.h"
 #include "model_api_support.h"
+#include "src/device_list.h"
 #include "support.h"
 
 static void fit_steps(castor_model *m, castor_dataset *ds, int batch, int64_t steps)
@@ -39,6 +40,62 @@ Test(model_api, add_layers_is_all_or_nothing)
     cr_assert_eq(castor_model_layers_spec(m, spec, sizeof spec), CASTOR_OK);
     cr_assert_str_eq(spec, "5:tanh,16:relu,3:linear");
     castor_model_free(m);
+}
+
+/* The limits on widths and depths are inclusive: 2^24 input features and
+ * 1024 layers are a model, one more is refused. */
+Test(model_api, size_limits_take_their_top)
+{
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_create(&m, 1 << 24), CASTOR_OK, "%s", castor_model_errmsg(m));
+    castor_model_free(m);
+    cr_assert_eq(castor_model_create(&m, (1 << 24) + 1), CASTOR_INVALID);
+    castor_model_free(m);
+    cr_assert_eq(castor_model_create(&m, 1), CASTOR_OK);
+    for (int i = 0; i < 1024; i++)
+        cr_assert_eq(castor_model_add_dense(m, 1, CASTOR_ACT_LINEAR), CASTOR_OK, "layer %d: %s",
+                     i, castor_model_errmsg(m));
+    cr_assert_eq(castor_model_add_dense(m, 1, CASTOR_ACT_LINEAR), CASTOR_INVALID);
+    cr_assert(strstr(castor_model_errmsg(m), "at most 1024 layers"), "%s",
+              castor_model_errmsg(m));
+    cr_assert_eq(castor_model_num_layers(m), 1024);
+    castor_model_free(m);
+}
+
+/* layers_spec needs room for the text and its NUL: a buffer one short
+ * (snprintf then drops the last character) is refused, not filled with a
+ * spec that names other layers. */
+Test(model_api, layers_spec_needs_room_for_the_nul)
+{
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_create(&m, F), CASTOR_OK);
+    cr_assert_eq(castor_model_add_layers(m, "5:tanh,16"), CASTOR_OK);
+    const char *want = "5:tanh,16:linear";
+    char spec[32];
+    cr_assert_eq(castor_model_layers_spec(m, spec, strlen(want)), CASTOR_INVALID, "'%s'", spec);
+    cr_assert_eq(castor_model_layers_spec(m, spec, strlen(want) + 1), CASTOR_OK);
+    cr_assert_str_eq(spec, want);
+    castor_model_free(m);
+}
+
+/* The parser fills entries[CASTOR__MAX_REPLICAS] and no more: a 65th
+ * entry is refused before it is written (the replicas it would open are
+ * refused later too, so only the parse itself can show the overrun). */
+Test(model_api, device_list_parse_stops_at_the_replica_limit)
+{
+    char spec[4 * (CASTOR__MAX_REPLICAS + 1) + 1] = "";
+    for (int i = 0; i < CASTOR__MAX_REPLICAS; i++)
+        strcat(spec, i ? ",cpu" : "cpu");
+    castor__device_entry entries[CASTOR__MAX_REPLICAS + 1];
+    char err[256] = "";
+    int n = -1;
+    cr_assert_eq(castor__device_list_parse(spec, entries, &n, err, sizeof err), CASTOR_OK, "%s",
+                 err);
+    cr_assert_eq(n, CASTOR__MAX_REPLICAS);
+    strcat(spec, ",cpu");
+    cr_assert_eq(castor__device_list_parse(spec, entries, &n, err, sizeof err), CASTOR_INVALID);
+    cr_assert_eq(n, 0);
+    cr_assert(strstr(err, "too many replicas: at most 64"), "%s", err);
 }
 
 Test(model_api, compile_again_after_the_strategy_was_freed_starts_afresh)
