@@ -292,6 +292,45 @@ Test(checkpoint, extra_tensor)
 
 Test(checkpoint, bad_metadata_value) { corrupt_case(bad_step, CASTOR_FORMAT, "'step'"); }
 
+static void zero_features(parts *p)
+{
+    edit(p, "\"input_features\":\"12\"", "\"input_features\":\"0\"");
+}
+
+/* No model has 0 inputs: the file is wrong, not the model it is loaded into. */
+Test(checkpoint, zero_input_features)
+{
+    corrupt_case(zero_features, CASTOR_FORMAT, "'input_features' is '0'");
+}
+
+/* The last tensor of the data section (the last bias's Adam v) one element
+ * longer, its data there to match: only its shape is wrong. */
+static void longer_last_bias(parts *p)
+{
+    const char *name = "\"dense_2.bias.adam_v\":{\"dtype\":\"F32\",\"shape\":[3],";
+    char *at = strstr(p->header, name);
+    cr_assert(at, "%s", p->header);
+    size_t begin, end;
+    cr_assert_eq(sscanf(at + strlen(name), "\"data_offsets\":[%zu,%zu]}", &begin, &end), 2);
+    cr_assert_eq(end, p->data_len, "the last tensor in the data section");
+    char from[160], to[160];
+    snprintf(from, sizeof from, "%s\"data_offsets\":[%zu,%zu]", name, begin, end);
+    snprintf(to, sizeof to, "\"dense_2.bias.adam_v\":{\"dtype\":\"F32\",\"shape\":[4],"
+             "\"data_offsets\":[%zu,%zu]", begin, end + 4);
+    edit(p, from, to);
+    p->data = realloc(p->data, p->data_len + 4);
+    memset(p->data + p->data_len, 0, 4);
+    p->data_len += 4;
+    fix_crc(p);
+}
+
+/* A rank-1 tensor's one dimension is compared too. */
+Test(checkpoint, bias_of_another_length)
+{
+    corrupt_case(longer_last_bias, CASTOR_MISMATCH,
+                 "tensor dense_2.bias.adam_v has shape [4], the model expects [3]");
+}
+
 static void bad_optimizer_step(parts *p)
 {
     edit(p, "\"seed\":", "\"optimizer_step\":\"x\",\"seed\":");

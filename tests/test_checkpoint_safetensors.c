@@ -131,3 +131,51 @@ Test(checkpoint, st_read_rejects_non_files)
     support_rmrf(dir);
     free(dir);
 }
+
+/* The writer on its own: names and values with JSON's special characters
+ * come back as they went in, the tensors follow one another, and the data
+ * section starts at a multiple of 8 bytes (as safetensors.h promises, for
+ * readers that map the data in place) whatever the header's length. */
+Test(checkpoint, st_write_round_trips_and_aligns)
+{
+    char *dir = support_tmpdir();
+    char *path = ckpt_path_in(dir, "w.safetensors");
+    const float one[1] = {1.5f}, three[3] = {-1.0f, 0.0f, 2.0f};
+    const char *names[2] = {"a\\\"b", "c\\\\d\ne"};  /* a\"b and c\\d<newline>e */
+    castor__st_kv meta[1] = {{NULL, "v\\\"\t"}};
+    char err[512] = "";
+    for (size_t pad = 0; pad < 8; pad++) {
+        char key[16] = "k\\";
+        memset(key + 2, 'x', pad);  /* headers of 8 different lengths */
+        key[2 + pad] = '\0';
+        meta[0].key = key;
+        castor__st_out outs[2] = {{names[0], 1, {1}, one}, {names[1], 2, {1, 3}, three}};
+        cr_assert_eq(castor__st_write(path, outs, 2, meta, 1, err, sizeof err), CASTOR_OK, "%s",
+                     err);
+        size_t len;
+        unsigned char *b = ckpt_slurp(path, &len);
+        uint64_t hl = 0;
+        for (int i = 7; i >= 0; i--)
+            hl = hl << 8 | b[i];
+        cr_assert_eq((8 + hl) % 8, 0, "pad %zu: the data starts at byte %llu", pad,
+                     (unsigned long long)(8 + hl));
+        cr_assert_eq(len, 8 + hl + 16);
+        free(b);
+        castor__st_file f;
+        cr_assert_eq(castor__st_read(path, &f, err, sizeof err), CASTOR_OK, "%s", err);
+        cr_assert_eq(f.n_tensors, 2);
+        for (int i = 0; i < 2; i++) {
+            const castor__st_tensor *t = castor__st_find(&f, names[i]);
+            cr_assert(t, "pad %zu: tensor %d's name did not come back", pad, i);
+            cr_assert_eq(t->begin, i ? 4u : 0u);
+            cr_assert_eq(t->count, i ? 3u : 1u);
+            cr_assert(memcmp(f.data + t->begin, i ? three : one, 4 * t->count) == 0);
+        }
+        const char *v = castor__st_meta_get(&f, key);
+        cr_assert(v && strcmp(v, "v\\\"\t") == 0, "'%s'", v ? v : "(none)");
+        castor__st_free(&f);
+    }
+    free(path);
+    support_rmrf(dir);
+    free(dir);
+}
