@@ -288,3 +288,82 @@ Test(cpu_streams, records_every_stream_is_ordered_after_are_pruned_and_the_rest_
     cpu_dev->iface->event_destroy(cpu_dev, seen);
     cpu_release(a, N), cpu_release(b, N), cpu_release(sum, 1);
 }
+
+Test(cpu_streams, waiting_for_an_older_event_keeps_the_newer_order)
+{
+    /* CUDA allows waiting for events in any order; the older one must not
+     * take back what the newer one ordered (nor the waiting stream's own
+     * count of its work). */
+    float *a = cpu_dalloc(2 * F), *b = cpu_dalloc(2 * F), *sum = cpu_up((float[2]){0}, 2);
+    cdev_event *first = event(), *second = event();
+    cr_assert_eq(cdev_copy_h2d(cpu_dev, CDEV_STREAM_H2D, a, (float[2]){1, 2}, 2 * F), CASTOR_OK);
+    record(first, CDEV_STREAM_H2D);
+    cr_assert_eq(cdev_copy_h2d(cpu_dev, CDEV_STREAM_H2D, b, (float[2]){3, 4}, 2 * F), CASTOR_OK);
+    record(second, CDEV_STREAM_H2D);
+    wait_for(CDEV_STREAM_COMPUTE, second);
+    wait_for(CDEV_STREAM_COMPUTE, first);
+    cr_assert_eq(add(sum, b, 2), CASTOR_OK, "%s", cpu_dev->errmsg);
+    cr_assert_eq(add(sum, a, 2), CASTOR_OK, "%s", cpu_dev->errmsg);
+    float *got = cpu_down(sum, 2);
+    cr_assert(got[0] == 4.0f && got[1] == 6.0f, "%g %g", (double)got[0], (double)got[1]);
+    free(got);
+    cpu_dev->iface->event_destroy(cpu_dev, first);
+    cpu_dev->iface->event_destroy(cpu_dev, second);
+    cpu_release(a, 2), cpu_release(b, 2), cpu_release(sum, 2);
+}
+
+Test(cpu_streams, a_transposed_operand_is_checked_over_all_its_rows)
+{
+    /* A^T B with A stored 4 x 2 (k x m): the gemm reads all 8 floats of A,
+     * its last row too, which an unordered copy is still writing. */
+    float *a = cpu_up((float[8]){1, 2, 3, 4, 5, 6, 7, 8}, 8);
+    float *b = cpu_up((float[4]){1, 1, 1, 1}, 4), *c = cpu_dalloc(2 * F);
+    cr_assert_eq(cdev_copy_h2d(cpu_dev, CDEV_STREAM_H2D, a + 6, (float[2]){70, 80}, 2 * F),
+                 CASTOR_OK);
+    cr_assert_eq(cpu_dev->iface->gemm(cpu_dev, 1, 0, 2, 1, 4, 1.0f, a, 2, b, 1, 0.0f, c, 1),
+                 CASTOR_MISUSE, "the gemm's read of A's last row is not ordered after the copy");
+    cr_assert(strstr(cpu_dev->errmsg, "gemm on the compute stream reads"), "%s", cpu_dev->errmsg);
+    cdev_event *up = event();
+    record(up, CDEV_STREAM_H2D);
+    wait_for(CDEV_STREAM_COMPUTE, up);
+    cr_assert_eq(cpu_dev->iface->gemm(cpu_dev, 1, 0, 2, 1, 4, 1.0f, a, 2, b, 1, 0.0f, c, 1),
+                 CASTOR_OK, "%s", cpu_dev->errmsg);
+    float *got = cpu_down(c, 2);
+    cr_assert(got[0] == 79.0f && got[1] == 92.0f, "%g %g", (double)got[0], (double)got[1]);
+    free(got);
+    cpu_dev->iface->event_destroy(cpu_dev, up);
+    cpu_release(a, 8), cpu_release(b, 4), cpu_release(c, 2);
+}
+
+Test(cpu_streams, bias_grad_writes_its_sums)
+{
+    /* A copy still reading last step's db must be waited for before the
+     * next bias_grad overwrites it. */
+    float *dy = cpu_up((float[6]){1, 2, 3, 4, 5, 6}, 6), *db = cpu_up((float[2]){0}, 2), h[2];
+    cr_assert_eq(cdev_copy_d2h(cpu_dev, CDEV_STREAM_D2H, h, db, sizeof h), CASTOR_OK);
+    cr_assert_eq(cpu_dev->iface->bias_grad(cpu_dev, dy, db, 3, 2), CASTOR_MISUSE);
+    cr_assert(strstr(cpu_dev->errmsg, "bias_grad on the compute stream writes"), "%s",
+              cpu_dev->errmsg);
+    sync_ok();
+    cr_assert_eq(cpu_dev->iface->bias_grad(cpu_dev, dy, db, 3, 2), CASTOR_OK, "%s",
+                 cpu_dev->errmsg);
+    float *got = cpu_down(db, 2);
+    cr_assert(got[0] == 9.0f && got[1] == 12.0f, "%g %g", (double)got[0], (double)got[1]);
+    free(got);
+    cpu_release(dy, 6), cpu_release(db, 2);
+}
+
+Test(cpu_streams, a_read_after_a_write_on_one_stream_keeps_the_write_on_record)
+{
+    /* Zeroed, then read, on the compute stream: the read must not take the
+     * write's place among the records, or a copy reading the bytes on
+     * another stream would pass unordered (read against read). */
+    float *d = cpu_up((float[4]){1, 2, 3, 4}, 4), *sum = cpu_up((float[4]){0}, 4), h[4];
+    cr_assert_eq(cpu_dev->iface->memset0(cpu_dev, CDEV_STREAM_COMPUTE, d, 4 * F), CASTOR_OK);
+    cr_assert_eq(add(sum, d, 4), CASTOR_OK, "%s", cpu_dev->errmsg);
+    cr_assert_eq(cdev_copy_d2h(cpu_dev, CDEV_STREAM_D2H, h, d, sizeof h), CASTOR_MISUSE);
+    cr_assert(strstr(cpu_dev->errmsg, "memset0 on the compute stream writes"), "%s",
+              cpu_dev->errmsg);
+    sync_ok();
+    cpu_release(d, 4), cpu_release(sum, 4);
+}
