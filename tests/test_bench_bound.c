@@ -147,3 +147,40 @@ Test(bench_bound, mirrored_on_one_shared_device_moves_only_the_batch)
     bench_lower_bound(&config, &limits, &r);
     cr_assert_eq(r.t_host, 0.0);
 }
+
+/* Transfer is the largest of the three copy times: here the both-ways rate
+ * is the slowest, so (h2d + d2h) at it bounds the step, not either
+ * direction alone (dropping that term left a bound under what the bus can
+ * carry). */
+Test(bench_bound, transfer_takes_the_both_ways_rate_when_it_is_slowest)
+{
+    make_limits(2, 2, 0, 0, 6);
+    limits.both_all = 1e3;
+    bench_result r = make_run(CASTOR_STRATEGY_CENTRAL, 2, 6);
+    bench_lower_bound(&config, &limits, &r);
+    double want = (r.h2d_per_step + r.d2h_per_step) / 1e3;
+    cr_assert_float_eq(r.t_transfer, want, 1e-12 * want);
+    cr_assert_str_eq(r.bound_by, "transfer");
+    cr_assert_float_eq(r.ratio, 0.1 / want, 1e-9 * (0.1 / want));
+}
+
+/* The host memory a step touches, which bench.json reports: Adam reads p, g,
+ * m, v and writes p, m, v (7 floats a variable); the sum reads R gradients
+ * and writes one. Central does both in one pass, the sum neither written nor
+ * read back (2 floats a variable less); mirrored on CPU devices sums on the
+ * host, then each replica updates its own copy. */
+Test(bench_bound, host_bytes_count_the_sum_and_each_update)
+{
+    double n4 = 4.0 * PARAMS;
+    make_limits(2, 2, 0, 0, 6);
+    bench_result r = make_run(CASTOR_STRATEGY_CENTRAL, 2, 6);
+    bench_lower_bound(&config, &limits, &r);
+    cr_assert_float_eq(r.host_bytes, (3 + 7 - 2) * n4, 1e-9, "got %g", r.host_bytes);
+    r = make_run(CASTOR_STRATEGY_MIRRORED, 2, 6);
+    bench_lower_bound(&config, &limits, &r);
+    cr_assert_float_eq(r.host_bytes, (3 + 2 * 7) * n4, 1e-9, "got %g", r.host_bytes);
+    config.optimizer = CASTOR_OPT_SGD;
+    r = make_run(CASTOR_STRATEGY_CENTRAL, 2, 6);
+    bench_lower_bound(&config, &limits, &r);
+    cr_assert_float_eq(r.host_bytes, (3 + 3 - 2) * n4, 1e-9, "got %g", r.host_bytes);
+}
