@@ -1036,6 +1036,18 @@ assert d["checkpoints"] == 3, d'; then
 else
     bad "--checkpoint-dir with other files: status $rc" "$(ls -la "$CK"; tail -n 1 "$T/out"; cat "$T/err")"
 fi
+# --keep 3 of 4 (steps 2, 4, 6, 8) deletes the oldest one only (--keep 2 and
+# 1 above cannot tell deleting one too many from sparing the newest).
+KD="$T/ck-keep3"
+run "${TRAIN[@]}" --devices cpu:2 --epochs 1 --batch 64 --quiet --checkpoint-dir "$KD" \
+    --checkpoint-every 2 --keep 3
+want="ckpt-000000000004.safetensors ckpt-000000000006.safetensors"
+want="$want ckpt-000000000008.safetensors "
+if [[ $rc -eq 0 && "$(names "$KD")" == "$want" ]]; then
+    ok "--checkpoint-every 2 --keep 3: the newest 3 of 4 kept"
+else
+    bad "--keep 3 of 4: status $rc" "$(names "$KD"; cat "$T/err")"
+fi
 
 # Checkpoint writes are disk time, not training time: with every fsync made
 # 100 ms slow (6 checkpoints, at steps 3, 6, ..., 15 and the last, 16; two
