@@ -89,6 +89,22 @@ for args in "--widths 64,,256" "--widths ,64" "--batches 8," "--widths 64,64" \
     fi
 done
 
+# Each range's bottom: one below it is a usage error before anything is
+# measured (--steps 0 ran and reported a step time; --classes 1 measured
+# the limits, then failed every run).
+for args in "--steps 0" "--warmup -1" "--input 0" "--classes 1" "--depths 0" "--batches 0" \
+    "--host-threads -1"; do
+    # shellcheck disable=SC2086
+    timeout 120 "$BIN" bench --quick $args --out "$T/never" >"$T/out" 2>"$T/err"
+    rc=$?
+    if [[ $rc -eq 2 && $(wc -l <"$T/err") -eq 1 && ! -e "$T/never" ]] &&
+        grep -q "^castor: .*${args%% *}" "$T/err"; then
+        ok "bench $args -> 2"
+    else
+        bad "bench $args: want status 2 and one line naming the flag; got $rc" "$(cat "$T/err")"
+    fi
+done
+
 # An output directory it cannot write in is refused before anything is
 # measured (it ran the whole grid, printed "wrote ..." and, where gnuplot
 # could not open bench.png, the PNG onto stdout). Root writes anywhere: the
@@ -215,6 +231,49 @@ then
     ok "bench.json parses, with the limits and a lower bound for every run"
 else
     bad "bench.json" "$(cat "$T/json.out")"
+fi
+
+# Each bench.csv row says what its run's bench.json object says, column by
+# column (a column printing another field's value, d2h as h2d's bytes or
+# t_host as t_compute, passed every check above).
+if python3 - "$JSON" "$CSV" >"$T/json.out" 2>&1 <<'EOF'
+import csv, json, math, sys
+runs = json.load(open(sys.argv[1]))["runs"]
+rows = list(csv.DictReader(open(sys.argv[2])))
+assert len(rows) == len(runs) == 4, (len(rows), len(runs))
+cols = {"step_median_s": "step_seconds", "step_min_s": "step_seconds_min",
+        "step_max_s": "step_seconds_max", "samples_per_s": "samples_per_s",
+        "h2d_bytes_per_step": "h2d_bytes_per_step", "d2h_bytes_per_step": "d2h_bytes_per_step",
+        "bus_bytes_per_s": "bus_bytes_per_s", "seconds_replicas": "seconds_replicas",
+        "seconds_reduce": "seconds_reduce", "seconds_update": "seconds_update",
+        "seconds_total": "seconds_total", "host_update_params_per_s": "host_update_params_per_s",
+        "device_peak_bytes": "device_peak_bytes", "host_pinned_bytes": "host_pinned_bytes",
+        "host_rss_peak_run_bytes": "host_rss_peak_bytes",
+        "host_maxrss_process_bytes": "host_maxrss_process_bytes", "loss": "loss",
+        "step_flops": "lb.step_flops", "gemm_flops_per_s": "lb.gemm_flops_per_s",
+        "host_memory_bytes_per_step": "lb.host_memory_bytes_per_step",
+        "t_transfer_s": "lb.transfer_seconds", "t_compute_s": "lb.compute_seconds",
+        "t_host_s": "lb.host_seconds", "lower_bound_s": "lb.seconds", "ratio": "lb.ratio"}
+by = {(r["strategy"], r["width"], r["batch"]): r for r in runs}
+for row in rows:
+    r = by[(row["strategy"], int(row["width"]), int(row["batch"]))]
+    assert int(row["params"]) == r["params"] and row["ok"] == "1", (row, r)
+    assert row["bound_by"] == r["lower_bound"]["bound_by"], (row, r)
+    for col, key in cols.items():
+        want = r["lower_bound"][key[3:]] if key.startswith("lb.") else r[key]
+        got = row[col]
+        if want is None:
+            assert got == "", (col, got)
+            continue
+        # %.0f for bytes, %.4g for the ratio: the CSV rounds, by at most this
+        tol = 0.5 if "bytes" in col else 0.0
+        assert math.isclose(float(got), want, rel_tol=1e-3, abs_tol=tol), (col, got, key, want)
+print("ok")
+EOF
+then
+    ok "bench.csv: each row's values are its bench.json run's"
+else
+    bad "bench.csv against bench.json" "$(cat "$T/json.out")"
 fi
 
 PNG="$OUT/bench.png"
