@@ -943,6 +943,17 @@ for cmd in eval predict; do
     grep -q "the test set in $T/data-f32 holds float32 values, taken as they are, where --model $SAVED was trained on unsigned bytes, scaled to \\[0,1\\]" \
         "$T/err" || bad "$cmd: float32: the message does not say the types" "$(cat "$T/err")"
 done
+# ... and train --resume on training images of that shape (the test set too)
+mkdir -p "$T/data-8x32-train"
+for f in images-idx3 labels-idx1; do
+    for set in train t10k; do
+        cp "$T/data-8x32/t10k-$f-ubyte.gz" "$T/data-8x32-train/$set-$f-ubyte.gz"
+    done
+done
+expect_error 2 "train --resume: 8x32 training images for a model trained on 16x16" train \
+    --resume "$SAVED" --data "$T/data-8x32-train" --epochs 3
+grep -q "has samples of 8x32 where --resume $SAVED was trained on 16x16" "$T/err" ||
+    bad "train --resume: 8x32: the message does not say the shapes" "$(cat "$T/err")"
 if python3 - "$SAVED" "$T/old-keys.safetensors" <<'EOF2'
 import json, struct, sys
 raw = open(sys.argv[1], "rb").read()

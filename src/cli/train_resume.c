@@ -200,12 +200,7 @@ int train_resume(train_run *r)
             return rc;
         samples = castor_dataset_size(r->train);
     }
-    /* Nothing to train (fit says so): no warning of how it would go on. */
     int trains = castor_model_epoch(r->model) < r->o.epochs;
-    if (trains && r->meta.step_in_epoch == 0 && had > 0 && (uint64_t)had != samples)
-        fprintf(stderr, "castor: warning: %s trained its epochs on %lld samples; this run trains "
-                        "on %zu\n",
-                path, (long long)had, samples);
     if (r->meta.step_in_epoch > 0 && r->meta.epoch_samples > 0 &&
         (uint64_t)r->meta.epoch_samples != samples) {
         char split[64] = "";
@@ -251,6 +246,12 @@ int train_resume(train_run *r)
     if (r->o.loss == CASTOR_LOSS_MSE && (rc = train_mse_targets(r, path)) != 0)
         return rc;
 
+    /* Nothing to train (fit says so), or refused above: no warning of how
+     * it would go on. */
+    if (trains && r->meta.step_in_epoch == 0 && had > 0 && (uint64_t)had != samples)
+        fprintf(stderr, "castor: warning: %s trained its epochs on %lld samples; this run trains "
+                        "on %zu\n",
+                path, (long long)had, samples);
     if (trains && !r->o.quiet && r->meta.strategy[0] &&
         (strcmp(r->meta.strategy, castor_strategy_kind_name(r->o.strategy)) != 0 ||
          (r->meta.replicas > 0 && r->meta.replicas != r->replicas)))
