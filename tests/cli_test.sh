@@ -476,6 +476,7 @@ if [[ $rc -eq 0 ]]; then
 assert d["replicas"] == 2 and d["epochs"] == 2 and d["batch"] == 64, d
 assert d["strategy"] == "central" and d["devices"] == "cpu:2", d
 assert d["steps"] == 16, "512 samples / 64 = 8 steps x 2 epochs, got %r" % d["steps"]
+assert d["train_samples"] == 512 and d["test_samples"] == 128, d
 assert d["params"] == 256 * 32 + 32 + 32 * 10 + 10, d["params"]
 assert d["test_accuracy"] > 0.5, "the synthetic classes are easy: %r" % d["test_accuracy"]
 '
@@ -519,6 +520,19 @@ if [[ $rc -eq 0 ]]; then
 assert d["loss"] == "mse" and d["test_accuracy"] is None, d'
 else
     bad "train --loss mse: status $rc" "$(cat "$T/out" "$T/err")"
+fi
+# samples_per_second counts the samples trained: a last batch of 32 (512 =
+# 5 x 96 + 32) as 32, not as a whole batch of 96.
+run "${TRAIN[@]}" --devices cpu:2 --epochs 1 --batch 96 --quiet --json
+if [[ $rc -eq 0 ]] && tail -n 1 "$T/out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+assert d["steps"] == 6, d
+n = d["samples_per_second"] * d["seconds"]
+assert abs(n - 512) < 1e-6 * 512, "samples_per_second x seconds: %r, want 512" % n' 2>"$T/py"; then
+    ok "samples_per_second: 512 samples in 6 steps of batch 96"
+else
+    bad "samples_per_second with a last batch of 32: status $rc" "$(cat "$T/py"; tail -n 1 "$T/out")"
 fi
 expect_error 2 "--loss mse with fewer units than classes" "${TRAIN[@]}" --layers 4 --loss mse --epochs 1
 expect_error 2 "--loss mse with one unit for ten classes" "${TRAIN[@]}" --layers 1 --loss mse \
@@ -734,13 +748,14 @@ else
 fi
 
 # ---- --json stays valid UTF-8 whatever bytes a path holds ----------------------------------
-ODD="$T/data-"$'\xff\xfe'"-é"
+# (\xc0\xaf: an overlong '/'; \xed\xa0\x80: a UTF-16 surrogate; neither is UTF-8)
+ODD="$T/data-"$'\xff\xfe\xc0\xaf\xed\xa0\x80'"-é"
 cp -r "$DATA" "$ODD"
 run train --data "$ODD" --layers 10 --devices cpu --epochs 1 --batch 64 --json --quiet
 if [[ $rc -eq 0 ]] && tail -n 1 "$T/out" | python3 -c '
 import json, sys
 d = json.loads(sys.stdin.buffer.read().decode("utf-8"))  # strict: invalid UTF-8 raises
-assert d["data"].endswith("data-\ufffd\ufffd-\u00e9"), d["data"]
+assert d["data"].endswith("data-" + "\ufffd" * 7 + "-\u00e9"), d["data"]
 ' 2>"$T/py"; then
     ok "--json with a non-UTF-8 --data path: valid UTF-8, the bad bytes as U+FFFD"
 else
@@ -778,6 +793,7 @@ t = json.loads(open(sys.argv[1]).read().splitlines()[-1])
 assert e["test_accuracy"] == t["test_accuracy"], (e["test_accuracy"], t["test_accuracy"])
 assert abs(e["test_loss"] - t["test_loss"]) <= 1e-9 * abs(t["test_loss"]), (e, t)
 assert e["samples"] == 128 and e["model"] == sys.argv[2] and e["step"] == 8, e
+assert e["epoch"] == 1 and e["layers"] == "32:relu,10:linear", e
 print(t["test_accuracy"])
 ' "$T/train.json" "$SAVED" >"$T/py" 2>&1; then
     ok "eval --model reproduces the test_accuracy train printed: $(cat "$T/py")"
@@ -814,6 +830,34 @@ assert acc == t["test_accuracy"], (acc, t["test_accuracy"])
     ok "predict --json --limit 1000: every test sample; the argmax agrees with eval's accuracy"
 else
     bad "predict --json: status $rc" "$(cat "$T/py"; tail -c 300 "$T/out"; cat "$T/err")"
+fi
+# The softmax sums over every unit: a last layer of zeros gives ten equal
+# logits, unit 0 the predicted one, at a probability of exactly 1/10.
+python3 - "$SAVED" "$T/flat.safetensors" <<'EOF'
+import json, struct, sys, zlib
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+data = bytearray(b[8 + n:])
+for name, t in h.items():
+    if name.startswith("dense_1."):
+        s, e = t["data_offsets"]
+        data[s:e] = bytes(e - s)
+h["__metadata__"]["crc32"] = "%08x" % zlib.crc32(data)
+hb = json.dumps(h).encode()
+hb += b" " * (-len(hb) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(hb)) + hb + data)
+EOF
+run predict --model "$T/flat.safetensors" --data "$DATA" --limit 3 --json
+if [[ $rc -eq 0 ]] && tail -n 1 "$T/out" | python3 -c '
+import json, sys
+p = json.loads(sys.stdin.read())
+assert len(p) == 3, p
+assert all(r["predicted"] == 0 and r["output"] == 0 for r in p), p
+assert all(abs(r["probability"] - 0.1) < 1e-6 for r in p), p' 2>"$T/py"; then
+    ok "predict: ten equal logits, each at probability 1/10"
+else
+    bad "predict of a zero last layer: status $rc" "$(cat "$T/py"; tail -c 300 "$T/out"; cat "$T/err")"
 fi
 
 for how in "eval --help" "help eval" "predict --help" "help predict"; do
@@ -1119,6 +1163,14 @@ grep -q -- "ckpt-000000000008.safetensors, from another run than .* (another see
     bad "the error does not say which file and why" "$(cat "$T/err")"
 [[ "$other" == "$(snapshot "$T/ck-other")" && -n "$other" ]] ||
     bad "the refused run changed the other run's checkpoints" "$(names "$T/ck-other")"
+# ... and one that differs in --lr alone (each setting the run keeps counts)
+run train --data "$DATA" --layers "32:relu,10" --optimizer adam --lr 0.02 --seed 1 --epochs 1 \
+    --batch 64 --quiet --checkpoint-dir "$T/ck-other-lr"
+expect_error 2 "resuming into a --checkpoint-dir holding an older checkpoint of another --lr" \
+    "${TRAIN[@]}" --devices cpu:2 --epochs 3 --batch 64 --keep 1 \
+    --resume "$CK/sub/dir/ckpt-000000000016.safetensors" --checkpoint-dir "$T/ck-other-lr"
+grep -q -- "ckpt-000000000008.safetensors, from another run than .* (another optimizer)" \
+    "$T/err" || bad "another --lr: the error does not say which file and why" "$(cat "$T/err")"
 if [[ "$before" == "$(snapshot "$CK")" ]]; then
     ok "the refused runs left the checkpoint directories as they were"
 else
@@ -1148,15 +1200,20 @@ fi
 SD2="$T/ck-stale"
 run "${TRAIN[@]}" --devices cpu:2 --epochs 1 --batch 64 --quiet --checkpoint-dir "$SD2"
 head -c 5000 "$SD2/ckpt-000000000008.safetensors" >"$SD2/ckpt-000000000012.safetensors.tmp.Ab3xYz"
-for other in ckpt-000000000012.safetensors.tmp.notes ckpt-12.safetensors.tmp.Ab3xYz notes.tmp.Ab3xYz
+for other in ckpt-000000000012.safetensors.tmp.notes ckpt-000000000012.safetensors.tmp.Ab-xYz \
+    ckpt-12.safetensors.tmp.Ab3xYz notes.tmp.Ab3xYz ckpt-5.safetensors
 do
     echo keep >"$SD2/$other"
 done
 run "${TRAIN[@]}" --devices cpu:2 --epochs 2 --quiet --resume "$SD2" --checkpoint-dir "$SD2"
-want="ckpt-000000000008.safetensors ckpt-000000000012.safetensors.tmp.notes"
-want="$want ckpt-000000000016.safetensors ckpt-12.safetensors.tmp.Ab3xYz notes.tmp.Ab3xYz "
+want="ckpt-000000000008.safetensors ckpt-000000000012.safetensors.tmp.Ab-xYz"
+want="$want ckpt-000000000012.safetensors.tmp.notes ckpt-000000000016.safetensors"
+want="$want ckpt-12.safetensors.tmp.Ab3xYz ckpt-5.safetensors notes.tmp.Ab3xYz "
 if [[ $rc -eq 0 && "$(names "$SD2")" == "$want" ]]; then
     ok "a resumed run removes the temporary file a killed write left, and no other file"
+    # (ckpt-5.safetensors, not a name castor writes, is neither read as one
+    # of its checkpoints nor pruned; a suffix of other than letters and
+    # digits is not one atomic_file.c picks)
 else
     bad "a killed write's temporary file: status $rc" "$(names "$SD2"; cat "$T/err")"
 fi
@@ -1725,6 +1782,17 @@ if [[ $rc -eq 0 ]] && grep -q 'warning: .* trained its epochs on 448 samples; th
     ok "--resume with another --validation-split at an epoch boundary: a warning"
 else
     bad "--resume with another --validation-split: status $rc" "$(cat "$T/err")"
+fi
+# Another --batch is refused only part-way through an epoch: at its boundary
+# the next epoch may take any.
+run "${TRAIN[@]}" --epochs 2 --resume "$T/ck-vs" --batch 32 --quiet --json
+if [[ $rc -eq 0 ]] && tail -n 1 "$T/out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+assert d["batch"] == 32 and d["steps"] == 14, d'; then
+    ok "--resume at an epoch boundary with another --batch trains with it"
+else
+    bad "--resume at an epoch boundary with --batch 32: status $rc" "$(tail -n 1 "$T/out"; cat "$T/err")"
 fi
 after=$(snapshot "$T/ck-empty" "$T/ck-bad" "$SAVED")
 if [[ "$before" == "$after" && ! -e "$T/ck-new" && ! -e "$T/never.safetensors" ]]; then
