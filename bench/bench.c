@@ -385,8 +385,9 @@ int castor_cli_bench(int argc, char **argv)
         return prc > 0 ? CLI_EXIT_OK : CLI_EXIT_USAGE;
     double t_start = cli_now();
     /* As castor train does: the replicas share the cores rather than each
-     * running a GEMM with a thread per core (unless OPENBLAS_NUM_THREADS
-     * says otherwise), so the limits and the runs are measured as trained. */
+     * running a GEMM with a thread per core (unless the environment gives
+     * OpenBLAS a count: cli_blas_threads), so the limits and the runs are
+     * measured as trained. */
     cli_blas_threads(c.devices);
     /* The device list, checked once before anything is measured. */
     castor_strategy *probe = NULL;

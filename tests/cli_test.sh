@@ -11,6 +11,11 @@
 # --resume files and flags that cannot work. The last line is "N passed, M
 # failed".
 set -uo pipefail
+# OpenBLAS reads a thread count from any of these, and castor then keeps it:
+# from the caller (OMP_NUM_THREADS is common in CI), one made the
+# oversubscription warning an extra stderr line and the CLI leave OpenBLAS
+# alone where a test wants it to share the cores. Tests that want one set it.
+unset OPENBLAS_NUM_THREADS GOTO_NUM_THREADS OMP_NUM_THREADS
 
 if [[ $# -ne 1 ]]; then
     echo "usage: bash tests/cli_test.sh PATH/TO/castor" >&2
