@@ -87,11 +87,14 @@ char *castor__atomic_target(const char *path, int *rc, char *err, size_t errlen)
         castor__errf(err, errlen, "%s: out of memory", path);
         return NULL;
     }
-    /* SYMLOOP_MAX on Linux: as many as open() follows before ELOOP. */
-    for (int hops = 0; hops < 40; hops++) {
+    /* 40, SYMLOOP_MAX on Linux: open() follows as many and fails on one
+     * more, so the path after the 40th is still looked at. */
+    for (int hops = 0;; hops++) {
         struct stat st;
         if (lstat(cur, &st) != 0 || !S_ISLNK(st.st_mode))
             return cur;
+        if (hops == 40)
+            break;
         char target[PATH_MAX];
         ssize_t n = readlink(cur, target, sizeof target);
         if (n < 0 || (size_t)n >= sizeof target) {

@@ -550,6 +550,36 @@ Test(checkpoint, save_writes_through_a_symbolic_link)
     ckpt_teardown(&fx);
 }
 
+/* As many links as open() follows (40 on Linux) are followed, one more is
+ * ELOOP: a chain of 40 was refused, the last link never looked at. */
+Test(checkpoint, save_follows_as_many_links_as_open)
+{
+    fixture fx;
+    ckpt_setup(&fx);
+    char name[32], prev[32] = "model.safetensors";
+    char *path = NULL;
+    for (int i = 1; i <= 41; i++) {
+        snprintf(name, sizeof name, "l%d", i);
+        free(path);
+        path = ckpt_path_in(fx.dir, name);
+        cr_assert_eq(symlink(prev, path), 0);
+        snprintf(prev, sizeof prev, "%s", name);
+        if (i == 40)
+            cr_assert_eq(castor_model_save(fx.m, path), CASTOR_OK, "%s",
+                         castor_model_errmsg(fx.m));
+    }
+    cr_assert_eq(castor_model_save(fx.m, path), CASTOR_IO);
+    cr_assert(strstr(castor_model_errmsg(fx.m), "Too many levels of symbolic links"), "%s",
+              castor_model_errmsg(fx.m));
+    char *real = ckpt_path_in(fx.dir, "model.safetensors");
+    struct stat st;
+    cr_assert_eq(lstat(real, &st), 0);
+    cr_assert(S_ISREG(st.st_mode));
+    free(real);
+    free(path);
+    ckpt_teardown(&fx);
+}
+
 static int refuse_h2d(cdev *dev, int stream, void *d_dst, const void *h_src, size_t bytes)
 {
     (void)stream, (void)d_dst, (void)h_src, (void)bytes;
