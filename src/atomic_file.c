@@ -16,7 +16,7 @@
 #include "castor.h"
 #include "util.h"
 
-#define TMP_SUFFIX ".tmp.XXXXXX"
+#define TMP_SUFFIX CASTOR__ATOMIC_TMP_SUFFIX
 
 /* Fill the six X's after tmp[prefix_len] + ".tmp." and create the file
  * exclusively (mkstemp would make it 0600 whatever the umask says). */

@@ -10,6 +10,11 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+/* What a file's name gets for its temporary file: ".tmp." and six random
+ * letters or digits (the CLI's checkpoint cleanup recognises them). */
+#define CASTOR__ATOMIC_TMP_SUFFIX ".tmp.XXXXXX"
+#define CASTOR__ATOMIC_TMP_SUFFIX_LEN (sizeof CASTOR__ATOMIC_TMP_SUFFIX - 1)
+
 typedef struct castor__atomic_file {
     int fd;       /* write here between begin and commit */
     char *path;   /* the file replaced */

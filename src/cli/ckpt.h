@@ -24,9 +24,6 @@
 #include <stdint.h>
 
 #define CLI_PATH_MAX 4096
-/* What the library's atomic writer adds to a file's name for its temporary
- * file (".tmp.XXXXXX", src/atomic_file.c): that name must fit too. */
-#define CLI_TMP_SUFFIX_LEN 11
 /* A layer spec as castor writes it: up to 1024 layers (src/model.c) of at
  * most "16777216:sigmoid," each. */
 #define CLI_LAYERS_MAX (1024 * 24)

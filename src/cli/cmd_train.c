@@ -311,7 +311,7 @@ static int check_save_path(const train_run *r, const char *dest)
     /* Its directory must exist and the name of its temporary file fit:
      * found out now, not after the training. */
     char dir[CLI_PATH_MAX];
-    int room = (int)(sizeof dir - CLI_TMP_SUFFIX_LEN);
+    int room = (int)(sizeof dir - CASTOR__ATOMIC_TMP_SUFFIX_LEN);
     if (snprintf(dir, sizeof dir, "%s", dest) >= room) {
         cli_errorf("--save %s: path too long", r->o.save);
         return CLI_EXIT_USAGE;
@@ -369,7 +369,7 @@ static int prepare_outputs(train_run *r)
         /* Before any directory is made for it; its temporary files' names
          * too, or the first checkpoint fails an epoch into the run. */
         char probe[CLI_PATH_MAX];
-        size_t room = sizeof probe - CLI_TMP_SUFFIX_LEN;
+        size_t room = sizeof probe - CASTOR__ATOMIC_TMP_SUFFIX_LEN;
         if (cli_ckpt_path(probe, room, r->o.checkpoint_dir, 0) != 0) {
             cli_errorf("--checkpoint-dir %s: path too long", r->o.checkpoint_dir);
             return CLI_EXIT_USAGE;
