@@ -119,8 +119,10 @@ static double ref_sample(const castor_model *m, const double *p, const data *d, 
     return loss;
 }
 
-static castor_model *make_model(const char *devices, castor_strategy_kind kind,
-                                const char *layers, castor_loss loss, castor_strategy **s)
+/* A model compiled with plain SGD at learning rate lr, seed 5. */
+static castor_model *make_model_lr(const char *devices, castor_strategy_kind kind,
+                                   const char *layers, castor_loss loss, float lr,
+                                   castor_strategy **s)
 {
     cr_assert_eq(castor_strategy_create(s, kind, devices, NULL), CASTOR_OK, "%s",
                  castor_strategy_errmsg(*s));
@@ -128,10 +130,16 @@ static castor_model *make_model(const char *devices, castor_strategy_kind kind,
     cr_assert_eq(castor_model_create(&m, NF), CASTOR_OK);
     cr_assert_eq(castor_model_add_layers(m, layers), CASTOR_OK);
     castor_optimizer sgd = castor_optimizer_defaults(CASTOR_OPT_SGD);
-    sgd.learning_rate = 0.5f;
+    sgd.learning_rate = lr;
     cr_assert_eq(castor_model_compile(m, *s, loss, &sgd, 5), CASTOR_OK, "%s",
                  castor_model_errmsg(m));
     return m;
+}
+
+static castor_model *make_model(const char *devices, castor_strategy_kind kind,
+                                const char *layers, castor_loss loss, castor_strategy **s)
+{
+    return make_model_lr(devices, kind, layers, loss, 0.5f, s);
 }
 
 static castor_dataset *make_dataset(const data *d, castor_loss loss)
@@ -320,13 +328,7 @@ static void fit_means(const char *devices, castor_strategy_kind kind, castor_los
     data d;
     make_data(&d, 8);
     castor_strategy *s = NULL;
-    cr_assert_eq(castor_strategy_create(&s, kind, devices, NULL), CASTOR_OK);
-    castor_model *m = NULL;
-    cr_assert_eq(castor_model_create(&m, NF), CASTOR_OK);
-    cr_assert_eq(castor_model_add_layers(m, "6:tanh,3"), CASTOR_OK);
-    castor_optimizer sgd = castor_optimizer_defaults(CASTOR_OPT_SGD);
-    sgd.learning_rate = 1e-30f;
-    cr_assert_eq(castor_model_compile(m, s, loss, &sgd, 5), CASTOR_OK);
+    castor_model *m = make_model_lr(devices, kind, "6:tanh,3", loss, 1e-30f, &s);
     castor_dataset *ds = make_dataset(&d, loss);
     size_t np = castor_model_num_params(m);
     float *pf = malloc(np * sizeof(float));
@@ -401,14 +403,8 @@ static void epoch_sees_every_sample(const char *devices, castor_strategy_kind ki
     data d;
     make_data(&d, 10);
     castor_strategy *s = NULL;
-    cr_assert_eq(castor_strategy_create(&s, kind, devices, NULL), CASTOR_OK);
-    castor_model *m = NULL;
-    cr_assert_eq(castor_model_create(&m, NF), CASTOR_OK);
-    cr_assert_eq(castor_model_add_layers(m, "6:tanh,3"), CASTOR_OK);
-    castor_optimizer sgd = castor_optimizer_defaults(CASTOR_OPT_SGD);
-    sgd.learning_rate = 1e-30f;
-    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, &sgd, 5), CASTOR_OK, "%s",
-                 castor_model_errmsg(m));
+    castor_model *m = make_model_lr(devices, kind, "6:tanh,3", CASTOR_LOSS_SOFTMAX_XENT, 1e-30f,
+                                    &s);
     castor_dataset *ds = make_dataset(&d, CASTOR_LOSS_SOFTMAX_XENT);
     castor_metrics all;
     cr_assert_eq(castor_model_evaluate(m, ds, NS, &all), CASTOR_OK, "%s",
