@@ -295,10 +295,13 @@ Test(cpu_streams, waiting_for_an_older_event_keeps_the_newer_order)
      * take back what the newer one ordered (nor the waiting stream's own
      * count of its work). */
     float *a = cpu_dalloc(2 * F), *b = cpu_dalloc(2 * F), *sum = cpu_up((float[2]){0}, 2);
+    /* The copies run at the synchronize: their sources must live till then
+     * (a compound literal inside cr_assert_eq ends with the macro's block). */
+    const float ha[2] = {1, 2}, hb[2] = {3, 4};
     cdev_event *first = event(), *second = event();
-    cr_assert_eq(cdev_copy_h2d(cpu_dev, CDEV_STREAM_H2D, a, (float[2]){1, 2}, 2 * F), CASTOR_OK);
+    cr_assert_eq(cdev_copy_h2d(cpu_dev, CDEV_STREAM_H2D, a, ha, 2 * F), CASTOR_OK);
     record(first, CDEV_STREAM_H2D);
-    cr_assert_eq(cdev_copy_h2d(cpu_dev, CDEV_STREAM_H2D, b, (float[2]){3, 4}, 2 * F), CASTOR_OK);
+    cr_assert_eq(cdev_copy_h2d(cpu_dev, CDEV_STREAM_H2D, b, hb, 2 * F), CASTOR_OK);
     record(second, CDEV_STREAM_H2D);
     wait_for(CDEV_STREAM_COMPUTE, second);
     wait_for(CDEV_STREAM_COMPUTE, first);
@@ -318,8 +321,8 @@ Test(cpu_streams, a_transposed_operand_is_checked_over_all_its_rows)
      * its last row too, which an unordered copy is still writing. */
     float *a = cpu_up((float[8]){1, 2, 3, 4, 5, 6, 7, 8}, 8);
     float *b = cpu_up((float[4]){1, 1, 1, 1}, 4), *c = cpu_dalloc(2 * F);
-    cr_assert_eq(cdev_copy_h2d(cpu_dev, CDEV_STREAM_H2D, a + 6, (float[2]){70, 80}, 2 * F),
-                 CASTOR_OK);
+    const float tail[2] = {70, 80};  /* read at the synchronize: must live till then */
+    cr_assert_eq(cdev_copy_h2d(cpu_dev, CDEV_STREAM_H2D, a + 6, tail, 2 * F), CASTOR_OK);
     cr_assert_eq(cpu_dev->iface->gemm(cpu_dev, 1, 0, 2, 1, 4, 1.0f, a, 2, b, 1, 0.0f, c, 1),
                  CASTOR_MISUSE, "the gemm's read of A's last row is not ordered after the copy");
     cr_assert(strstr(cpu_dev->errmsg, "gemm on the compute stream reads"), "%s", cpu_dev->errmsg);
