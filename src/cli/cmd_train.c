@@ -324,19 +324,20 @@ static int check_save_path(const train_run *r, const char *dest)
     else
         *slash = '\0';
     struct stat st;
-    if (stat(dest, &st) == 0 && S_ISDIR(st.st_mode)) {
-        cli_errorf("--save %s: is a directory (give a file name)", r->o.save);
-        return CLI_EXIT_USAGE;
-    }
-    /* The library replaces only regular files (a device or a FIFO is
-     * refused when saving): refused now, not after the training. */
-    if (stat(dest, &st) == 0 && !S_ISREG(st.st_mode)) {
-        cli_errorf("--save %s: exists and is not a regular file", r->o.save);
-        return CLI_EXIT_USAGE;
-    }
-    /* A name longer than the filesystem takes (NAME_MAX) would fail
-     * only at the rename, the trained model lost with it. */
-    if (stat(dest, &st) != 0 && errno == ENAMETOOLONG) {
+    if (stat(dest, &st) == 0) {
+        if (S_ISDIR(st.st_mode)) {
+            cli_errorf("--save %s: is a directory (give a file name)", r->o.save);
+            return CLI_EXIT_USAGE;
+        }
+        /* The library replaces only regular files (a device or a FIFO is
+         * refused when saving): refused now, not after the training. */
+        if (!S_ISREG(st.st_mode)) {
+            cli_errorf("--save %s: exists and is not a regular file", r->o.save);
+            return CLI_EXIT_USAGE;
+        }
+    } else if (errno == ENAMETOOLONG) {
+        /* A name longer than the filesystem takes (NAME_MAX) would fail
+         * only at the rename, the trained model lost with it. */
         cli_errorf("--save %s: %s", r->o.save, strerror(errno));
         return CLI_EXIT_USAGE;
     }
