@@ -56,6 +56,20 @@ static double act_dz(castor_activation a, double z)
     }
 }
 
+/* The model's variables, as the double reference reads them (malloc'd). */
+static double *params_as_doubles(castor_model *m)
+{
+    size_t np = castor_model_num_params(m);
+    float *pf = malloc(np * sizeof(float));
+    double *p = malloc(np * sizeof(double));
+    cr_assert(pf && p);
+    cr_assert_eq(castor_model_get_params(m, pf, np), CASTOR_OK);
+    for (size_t i = 0; i < np; i++)
+        p[i] = pf[i];
+    free(pf);
+    return p;
+}
+
 /* The loss of sample i and (if grad) its gradient, added to grad with
  * weight w; returns the loss. *hit: the first maximum is the label. */
 static double ref_sample(const castor_model *m, const double *p, const data *d, int i,
@@ -263,12 +277,7 @@ static void evaluate_means(const char *devices, castor_strategy_kind kind, casto
                                                                         : "6:relu,3",
                                  loss, &s);
     castor_dataset *ds = make_dataset(&d, loss);
-    size_t np = castor_model_num_params(m);
-    float *pf = malloc(np * sizeof(float));
-    double *p = malloc(np * sizeof(double));
-    cr_assert_eq(castor_model_get_params(m, pf, np), CASTOR_OK);
-    for (size_t i = 0; i < np; i++)
-        p[i] = pf[i];
+    double *p = params_as_doubles(m);
     double loss_sum = 0;
     int hits = 0;
     for (int i = 0; i < NS; i++) {
@@ -287,7 +296,7 @@ static void evaluate_means(const char *devices, castor_strategy_kind kind, casto
     else
         cr_assert(got.accuracy == (double)hits / NS, "%s batch %d: accuracy %.9g, want %d/%d",
                   devices, batch, got.accuracy, hits, NS);
-    free(pf), free(p);
+    free(p);
     castor_dataset_free(ds);
     castor_model_free(m);
     castor_strategy_free(s);
@@ -330,13 +339,7 @@ static void fit_means(const char *devices, castor_strategy_kind kind, castor_los
     castor_strategy *s = NULL;
     castor_model *m = make_model_lr(devices, kind, "6:tanh,3", loss, 1e-30f, &s);
     castor_dataset *ds = make_dataset(&d, loss);
-    size_t np = castor_model_num_params(m);
-    float *pf = malloc(np * sizeof(float));
-    double *p = malloc(np * sizeof(double));
-    cr_assert(pf && p);
-    cr_assert_eq(castor_model_get_params(m, pf, np), CASTOR_OK);
-    for (size_t i = 0; i < np; i++)
-        p[i] = pf[i];
+    double *p = params_as_doubles(m);
     seen_steps seen = {0};
     castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
     fo.batch_size = batch;
@@ -370,7 +373,7 @@ static void fit_means(const char *devices, castor_strategy_kind kind, castor_los
     cr_assert_eq(epoch.samples, NS);
     cr_assert(epoch.loss == seen.loss[seen.n - 1]);
     cr_assert(loss == CASTOR_LOSS_MSE || epoch.accuracy == seen.accuracy[seen.n - 1]);
-    free(pf), free(p);
+    free(p);
     castor_dataset_free(ds);
     castor_model_free(m);
     castor_strategy_free(s);
