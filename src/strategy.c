@@ -135,8 +135,9 @@ int castor_strategy_create(castor_strategy **out, castor_strategy_kind kind, con
     int threads = s->opts.host_threads ? s->opts.host_threads : castor__cpu_count();
     if ((rc = castor__pool_create(threads, &s->host_pool, &why)))
         return pool_fail(s, rc, why, threads, "host");
-    castor__log(s, CASTOR_LOG_INFO, "%s strategy on %d replica(s): %s",
-                castor_strategy_kind_name(kind), s->n_replicas, s->devices_spec);
+    castor__log(s, CASTOR_LOG_INFO, "%s strategy on '%s': %d replica%s",
+                castor_strategy_kind_name(kind), s->devices_spec, s->n_replicas,
+                s->n_replicas == 1 ? "" : "s");
     warn_blas_oversubscription(s);
     /* Asked for and silently not given, TF32 would be taken to have been
      * measured (a bench, an accuracy comparison) where it never ran. */

@@ -586,6 +586,24 @@ else
     bad "train text summary: status $rc" "$(cat "$T/out" "$T/err")"
 fi
 
+# The summary's values start in one column, "checkpoints:" and "saved:" too
+# (the value after "checkpoints:" started two columns right of the others),
+# and --verbose names the strategy once (the library's line and the CLI's
+# said the same).
+rm -rf "$T/align-ck"
+run "${TRAIN[@]}" --devices cpu:2 --epochs 1 --batch 64 --verbose --checkpoint-dir "$T/align-ck" \
+    --save "$T/align.safetensors"
+columns=$(grep -E '^[a-z]+: ' "$T/out" | sed -E 's/^([a-z]+: +).*/\1/' | awk '{print length}' |
+    sort -u | tr '\n' ' ')
+labels=$(grep -cE '^[a-z]+: ' "$T/out")
+named=$(grep -c "strategy on 'cpu:2'\|strategy central on" "$T/err")
+if [[ $rc -eq 0 && $columns == "13 " && $labels -eq 8 && $named -eq 1 ]]; then
+    ok "train summary: 8 labels, every value in column 13; --verbose names the strategy once"
+else
+    bad "train summary: status $rc, value columns '$columns' of $labels labels, strategy named \
+$named times" "$(cat "$T/out" "$T/err")"
+fi
+
 # OpenBLAS gets the cores castor may run on, not every core online: under
 # taskset -c 0 one replica's GEMMs get 1 thread (it gave them all, and ran
 # them on the one core it had).

@@ -282,7 +282,7 @@ static int eval_report(const model_cmd *c, const castor_metrics *mt)
         printf("castor %s: %s (%d -> %s, step %lld, epoch %lld)\n", castor_version(), c->model,
                castor_model_input_features(c->m), c->layers, (long long)castor_model_step(c->m),
                (long long)castor_model_epoch(c->m));
-        printf("%-10s loss ", "test:");
+        printf("%-12s loss ", "test:");
         cli_print_loss(stdout, mt->loss);
         if (!isnan(mt->accuracy))
             printf("  accuracy %.4f", mt->accuracy);

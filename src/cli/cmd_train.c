@@ -97,8 +97,7 @@ static int make_strategy(train_run *r)
     /* A resumed run without --batch learns its batch from the file. */
     if ((!r->o.resume || r->o.batch_set) && (rc = train_check_batch(r)) != 0)
         return rc;
-    train_note(r, "strategy %s on '%s': %d replica%s", castor_strategy_kind_name(r->o.strategy),
-         r->o.devices, r->replicas, r->replicas == 1 ? "" : "s");
+    /* The strategy and its replicas are in the library's own log line. */
     return 0;
 }
 

@@ -65,9 +65,13 @@ static int report_json(const train_run *r)
     return cli_json_emit(o, oom, NULL);
 }
 
+/* The summary's labels, in one column wide enough for the longest,
+ * "checkpoints:". */
+#define LABEL "%-12s"
+
 static void print_metrics(const char *what, double loss, double acc)
 {
-    printf("%-10s loss ", what);
+    printf(LABEL " loss ", what);
     cli_print_loss(stdout, loss);
     if (!isnan(acc))
         printf("  accuracy %.4f", acc);
@@ -81,16 +85,16 @@ static int report_text(const train_run *r)
     printf("castor %s: %s strategy on %s (%d replica%s)\n", castor_version(),
            castor_strategy_kind_name(r->o.strategy), r->o.devices, r->replicas,
            r->replicas == 1 ? "" : "s");
-    printf("%-10s %d -> %s, %zu parameters, %s\n", "model:",
+    printf(LABEL " %d -> %s, %zu parameters, %s\n", "model:",
            castor_model_input_features(r->model), r->layers_spec,
            castor_model_num_params(r->model), castor_optimizer_kind_name(r->o.optimizer));
-    printf("%-10s %zu training, %zu validation, %zu test samples from %s\n", "data:",
+    printf(LABEL " %zu training, %zu validation, %zu test samples from %s\n", "data:",
            castor_dataset_size(r->train), r->val ? castor_dataset_size(r->val) : 0,
            castor_dataset_size(r->test), r->data_dir);
     if (r->resumed_from[0])
-        printf("%-10s from %s at step %lld\n", "resumed:", r->resumed_from,
+        printf(LABEL " from %s at step %lld\n", "resumed:", r->resumed_from,
                (long long)r->step0);
-    printf("%-10s %d epoch%s, batch %d, %lld step%s in %.2f s (%.0f samples/s)\n", "training:",
+    printf(LABEL " %d epoch%s, batch %d, %lld step%s in %.2f s (%.0f samples/s)\n", "training:",
            r->o.epochs, r->o.epochs == 1 ? "" : "s", r->o.batch, steps, steps == 1 ? "" : "s",
            r->fit_seconds, r->fit_seconds > 0 ? samples / r->fit_seconds : 0.0);
     if (r->fitted) {
@@ -98,19 +102,19 @@ static int report_text(const train_run *r)
         /* A run resumed part-way through its last epoch saw only the rest. */
         size_t epoch = castor_dataset_size(r->train);
         if (r->train_m.samples < epoch)
-            printf("%-10s (over the last %zu of the epoch's %zu samples, trained by this run)\n",
+            printf(LABEL " (over the last %zu of the epoch's %zu samples, trained by this run)\n",
                    "", r->train_m.samples, epoch);
     }
     if (r->val && r->fitted)
         print_metrics("val:", r->val_loss, r->val_accuracy);
     print_metrics("test:", r->test_m.loss, r->test_m.accuracy);
-    printf("%-10s %.1f MiB device memory at peak\n", "memory:",
+    printf(LABEL " %.1f MiB device memory at peak\n", "memory:",
            (double)castor_model_device_peak_bytes(r->model) / (1024.0 * 1024.0));
     if (r->checkpoints > 0)
-        printf("%-10s %d written in %.2f s, the newest %s\n", "checkpoints:", r->checkpoints,
+        printf(LABEL " %d written in %.2f s, the newest %s\n", "checkpoints:", r->checkpoints,
                r->ckpt_seconds, r->last_ckpt);
     if (r->saved)
-        printf("%-10s %s\n", "saved:", r->o.save);
+        printf(LABEL " %s\n", "saved:", r->o.save);
     return cli_flush_results(NULL);
 }
 
