@@ -112,18 +112,24 @@ void castor__nccl_group_free(int n, void **comms)
 {
     if (!comms)
         return;
+    /* One way for the whole clique: a communicator that hit an error may
+     * never finish a clean destroy (it waits for its peers), so NCCL says to
+     * abort it, and then every rank of it (NCCL reclaims a single process's
+     * ranks together: some destroyed and some aborted could wait for each
+     * other). Destroyed in a loop from one thread, as NCCL's own examples do
+     * with ncclCommInitAll's communicators. */
+    int any_error = 0;
+    for (int i = 0; i < n; i++) {
+        ncclResult_t state = ncclSuccess;
+        if (comms[i] && (ncclCommGetAsyncError((ncclComm_t)comms[i], &state) != ncclSuccess ||
+                         state != ncclSuccess))
+            any_error = 1;
+    }
     for (int i = 0; i < n; i++) {
         ncclComm_t c = (ncclComm_t)comms[i];
         comms[i] = NULL;
-        if (!c)
-            continue;
-        /* A communicator that hit an error may never finish a clean destroy
-         * (it waits for peers); NCCL says to abort those instead. */
-        ncclResult_t state = ncclSuccess;
-        if (ncclCommGetAsyncError(c, &state) != ncclSuccess || state != ncclSuccess)
-            (void)ncclCommAbort(c);
-        else
-            (void)ncclCommDestroy(c);
+        if (c)
+            (void)(any_error ? ncclCommAbort(c) : ncclCommDestroy(c));
     }
     (void)cudaGetLastError();  /* teardown errors have no one to go to */
 }
