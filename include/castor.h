@@ -114,7 +114,8 @@ typedef struct castor_strategy_options {
     /* Allow TF32 tensor-core math on CUDA devices (off: plain fp32); with
      * no CUDA device among the replicas a warning is logged. */
     int tf32;
-    /* Messages at or below this level go to log_fn; default WARN. */
+    /* Messages at or below this level go to log_fn; default WARN. One of
+     * the four levels (else CASTOR_INVALID): for silence, a NULL log_fn. */
     castor_log_level log_level;
     castor_log_fn log_fn;  /* NULL: the library stays silent */
     void *log_user;

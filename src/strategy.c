@@ -124,6 +124,13 @@ int castor_strategy_create(castor_strategy **out, castor_strategy_kind kind, con
     if (s->opts.host_threads < 0 || s->opts.host_threads > 1024)
         return strategy_fail(s, CASTOR_INVALID, "host_threads must be 0..1024, not %d",
                              s->opts.host_threads);
+    /* Compared as an int: the enum may be unsigned, and -1 (meant as
+     * "silent") then passed every level's test and logged everything. */
+    if ((int)s->opts.log_level < (int)CASTOR_LOG_ERROR ||
+        (int)s->opts.log_level > (int)CASTOR_LOG_DEBUG)
+        return strategy_fail(s, CASTOR_INVALID, "log_level must be CASTOR_LOG_ERROR (0) to "
+                             "CASTOR_LOG_DEBUG (3), not %d (NULL log_fn: silent)",
+                             (int)s->opts.log_level);
     if (!(s->devices_spec = strdup(devices)))
         return strategy_fail(s, CASTOR_NOMEM, "out of memory");
     int rc = open_devices(s, devices);

@@ -223,6 +223,56 @@ Test(model_api, a_failed_strategy_cannot_be_compiled_on)
     }
 }
 
+/* Messages logged by a strategy, counted. */
+static void count_log(void *user, castor_log_level level, const char *message)
+{
+    (void)level;
+    (void)message;
+    ++*(int *)user;
+}
+
+Test(model_api, strategy_options_out_of_range_are_refused)
+{
+    /* log_level -1 (meant as "silent") was taken, and with the enum
+     * compared unsigned every message went to log_fn; 4 was taken too. */
+    struct {
+        int host_threads, log_level;
+        const char *says;
+    } bad[] = {{-1, CASTOR_LOG_WARN, "host_threads must be 0..1024, not -1"},
+               {1025, CASTOR_LOG_WARN, "host_threads must be 0..1024, not 1025"},
+               {0, -1, "log_level must be CASTOR_LOG_ERROR (0) to CASTOR_LOG_DEBUG (3), not -1"},
+               {0, 4, "not 4"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        castor_strategy_options so = CASTOR_STRATEGY_OPTIONS_INIT;
+        int logged = 0;
+        so.host_threads = bad[i].host_threads;
+        so.log_level = (castor_log_level)bad[i].log_level;
+        so.log_fn = count_log;
+        so.log_user = &logged;
+        castor_strategy *s = NULL;
+        cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu", &so),
+                     CASTOR_INVALID, "case %zu: %s", i, castor_strategy_errmsg(s));
+        cr_assert(strstr(castor_strategy_errmsg(s), bad[i].says), "case %zu: %s", i,
+                  castor_strategy_errmsg(s));
+        cr_assert_eq(logged, 0, "case %zu: a refused strategy logged %d messages", i, logged);
+        castor_strategy_free(s);
+    }
+    /* Every level in range is taken, and logs only up to itself. */
+    for (int level = CASTOR_LOG_ERROR; level <= CASTOR_LOG_DEBUG; level++) {
+        castor_strategy_options so = CASTOR_STRATEGY_OPTIONS_INIT;
+        int logged = 0;
+        so.log_level = (castor_log_level)level;
+        so.log_fn = count_log;
+        so.log_user = &logged;
+        castor_strategy *s = NULL;
+        cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu", &so), CASTOR_OK,
+                     "level %d: %s", level, castor_strategy_errmsg(s));
+        /* Creating logs one INFO line ("central strategy on 'cpu'"). */
+        cr_assert_eq(logged, level >= CASTOR_LOG_INFO, "level %d: %d messages", level, logged);
+        castor_strategy_free(s);
+    }
+}
+
 Test(model_api, a_failed_model_create_builds_nothing)
 {
     /* The handle of a failed create took layers (with 0 inputs), compiled,
