@@ -2,7 +2,9 @@
 #include "checkpoint.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -204,6 +206,20 @@ int castor__ckpt_read_info(const castor__st_file *f, const char *path, castor__c
     if ((v = castor__st_meta_get(f, "epoch_samples")) &&
         (parse_uint(v, UINT32_MAX, &info->epoch_samples) || info->epoch_samples == 0))
         return bad_value(path, "epoch_samples", v, "a positive whole number", err, errlen);
+    /* An epoch's position is always short of its end (the step that ends
+     * it starts the next at 0): one past it loaded, and then every fit
+     * refused the model as trained on other data. */
+    if (info->step_in_epoch > 0 && info->epoch_samples) {
+        uint64_t steps = (info->epoch_samples + (uint64_t)info->epoch_batch - 1) /
+                         (uint64_t)info->epoch_batch;
+        if ((uint64_t)info->step_in_epoch >= steps) {
+            char want[128];
+            snprintf(want, sizeof want, "below %" PRIu64 ", the steps of an epoch of %" PRIu64
+                     " samples in batches of %d", steps, info->epoch_samples, info->epoch_batch);
+            return bad_value(path, "step_in_epoch", castor__st_meta_get(f, "step_in_epoch"),
+                             want, err, errlen);
+        }
+    }
     info->epoch_shuffle = -1;
     if ((v = castor__st_meta_get(f, "epoch_shuffle"))) {
         if (parse_uint(v, 1, &u))

@@ -383,6 +383,15 @@ static void zero_epoch_batch(parts *p)
 {
     edit(p, "\"epoch_batch\":\"16\"", "\"epoch_batch\":\"0\"");
 }
+/* The good file is at step 3 of 7 (101 samples in batches of 16). */
+static void step_past_the_epoch(parts *p)
+{
+    edit(p, "\"step_in_epoch\":\"3\"", "\"step_in_epoch\":\"7\"");
+}
+static void last_step_of_the_epoch(parts *p)
+{
+    edit(p, "\"step_in_epoch\":\"3\"", "\"step_in_epoch\":\"6\"");
+}
 /* As written before these keys existed. */
 static void no_epoch_order(parts *p)
 {
@@ -395,6 +404,29 @@ Test(checkpoint, bad_epoch_order)
     corrupt_case(zero_epoch_samples, CASTOR_FORMAT, "'epoch_samples' is '0'");
     corrupt_case(two_epoch_shuffle, CASTOR_FORMAT, "'epoch_shuffle' is '2'");
     corrupt_case(zero_epoch_batch, CASTOR_FORMAT, "'epoch_batch' is '0'");
+    /* It loaded, and then every fit refused the model ("is this the
+     * dataset it was trained on?"). */
+    corrupt_case(step_past_the_epoch, CASTOR_FORMAT,
+                 "'step_in_epoch' is '7', not below 7, the steps of an epoch of 101 samples in "
+                 "batches of 16");
+}
+
+Test(checkpoint, the_last_step_of_an_epoch_loads_and_finishes_it)
+{
+    fixture fx;
+    ckpt_setup(&fx);
+    write_bad(&fx, last_step_of_the_epoch);
+    cr_assert_eq(castor_model_load(fx.m, fx.bad), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
+    cr_assert_eq(castor_model_step_in_epoch(fx.m), 6);
+    castor_dataset *same = support_synthetic(5, N, F, C);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.batch_size = BATCH;
+    fo.max_steps = 1;
+    cr_assert_eq(castor_model_fit(fx.m, same, &fo, NULL), CASTOR_OK, "%s",
+                 castor_model_errmsg(fx.m));
+    cr_assert_eq(castor_model_step_in_epoch(fx.m), 0, "the one step left ends the epoch");
+    castor_dataset_free(same);
+    ckpt_teardown(&fx);
 }
 
 Test(checkpoint, epoch_order_absent_from_older_files)
