@@ -384,7 +384,8 @@ CASTOR_API int castor_model_predict(castor_model *model, const float *x, size_t 
 CASTOR_API size_t castor_model_device_peak_bytes(const castor_model *model);
 
 /* What the model's training steps have cost since compile (or the last
- * reset): for benchmarks and for seeing where a step's time goes. */
+ * reset): for benchmarks and for seeing where a step's time goes. What
+ * compile, set_params, load, evaluate and predict move is not counted. */
 typedef struct castor_run_stats {
     int64_t steps;              /* training steps counted */
     uint64_t bytes_h2d;         /* host-to-device bytes, all replicas */

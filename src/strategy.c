@@ -398,6 +398,21 @@ static void device_bytes(const castor_model *m, uint64_t *h2d, uint64_t *d2h)
     }
 }
 
+int castor__train_step(castor_model *m, const castor__batch *b, castor__batch_stats *stats)
+{
+    /* The bytes are the devices' counters around the step: what compile,
+     * set_params, load or evaluate moved is not a training step's cost
+     * (the counters since compile were reported, and a mirrored model's
+     * first upload and every evaluation were in them). */
+    uint64_t h2d0, d2h0, h2d1, d2h1;
+    device_bytes(m, &h2d0, &d2h0);
+    int rc = m->strategy->ops->train_step(m, b, stats);
+    device_bytes(m, &h2d1, &d2h1);
+    m->rt->stats.bytes_h2d += h2d1 - h2d0;
+    m->rt->stats.bytes_d2h += d2h1 - d2h0;
+    return rc;
+}
+
 int castor_model_run_stats(const castor_model *m, castor_run_stats *out)
 {
     if (!m || !out)
@@ -406,10 +421,6 @@ int castor_model_run_stats(const castor_model *m, castor_run_stats *out)
     if (!m->rt)
         return CASTOR_OK;
     *out = m->rt->stats;
-    uint64_t h2d, d2h;
-    device_bytes(m, &h2d, &d2h);
-    out->bytes_h2d = h2d - m->rt->bytes_h2d0;
-    out->bytes_d2h = d2h - m->rt->bytes_d2h0;
     out->device_peak_bytes = castor_model_device_peak_bytes(m);
     size_t host = m->params.bytes + m->grads.bytes + m->opt_state.bytes;
     for (int i = 0; i < m->rt->n; i++)
@@ -423,7 +434,6 @@ void castor_model_reset_run_stats(castor_model *m)
     if (!m || !m->rt)
         return;
     memset(&m->rt->stats, 0, sizeof m->rt->stats);
-    device_bytes(m, &m->rt->bytes_h2d0, &m->rt->bytes_d2h0);
     for (int i = 0; i < m->rt->n; i++)
         m->rt->reps[i].dev->peak = m->rt->reps[i].dev->used;
 }

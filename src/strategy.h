@@ -74,10 +74,9 @@ typedef struct castor__runtime {
     int n;
     castor__replica *reps;
     int rows_capacity;         /* rows each replica's buffers hold */
-    castor_run_stats stats;    /* steps, seconds; bytes are read off the devices */
+    castor_run_stats stats;    /* steps, seconds, bytes of the training steps */
     int reduce;                /* mirrored: how gradients are all-reduced (mirrored.c) */
     void **nccl_comms;         /* mirrored on distinct GPUs: one NCCL rank per replica */
-    uint64_t bytes_h2d0, bytes_d2h0;  /* device counters at the last reset */
 } castor__runtime;
 
 /* How many of its replicas are emulated CPU devices (OpenBLAS's GEMMs). */
@@ -118,6 +117,9 @@ void castor__sum_stats(castor_model *m, castor__batch_stats *stats);
 /* A training step has been applied: count it and its phases (replicas from
  * t0 to t1, reduction to t2, update to t3). */
 void castor__step_done(castor_model *m, double t0, double t1, double t2, double t3);
+/* One training step through the strategy's train_step, its device traffic
+ * added to the run statistics. */
+int castor__train_step(castor_model *m, const castor__batch *b, castor__batch_stats *stats);
 
 /* Forward pass over a global batch on all replicas; per-row outputs go to
  * out (rows x output units) when out is not NULL. */

@@ -320,7 +320,7 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
             int n = (int)((train->n - first) < (size_t)rows ? train->n - first : (size_t)rows);
             castor__batch b = gather(&st, train, perm, first, n);
             castor__batch_stats s;
-            if ((rc = m->strategy->ops->train_step(m, &b, &s)))
+            if ((rc = castor__train_step(m, &b, &s)))
                 break;
             m->step_in_epoch++;
             steps_done++;

@@ -173,6 +173,61 @@ Test(model_api, run_stats_start_with_each_model)
     castor_dataset_free(ds);
 }
 
+Test(model_api, run_stats_bytes_are_the_training_steps_only)
+{
+    /* Compile (a mirrored model's first upload), set_params and evaluate
+     * moved bytes the run statistics reported as the training steps'. */
+    castor_dataset *ds = small_dataset();
+    for (int kind = CASTOR_STRATEGY_CENTRAL; kind <= CASTOR_STRATEGY_MIRRORED; kind++) {
+        castor_run_stats plain, busy;
+        for (int extra = 0; extra < 2; extra++) {
+            castor_strategy *s = NULL;
+            cr_assert_eq(castor_strategy_create(&s, (castor_strategy_kind)kind, "cpu:2", NULL),
+                         CASTOR_OK);
+            castor_model *m = compiled(s, "8:relu,3");  /* 6*8+8 + 8*3+3 = 83 variables */
+            castor_run_stats st;
+            cr_assert_eq(castor_model_run_stats(m, &st), CASTOR_OK);
+            cr_assert_eq(st.bytes_h2d + st.bytes_d2h, 0, "%s: %llu + %llu bytes after compile",
+                         castor_strategy_kind_name((castor_strategy_kind)kind),
+                         (unsigned long long)st.bytes_h2d, (unsigned long long)st.bytes_d2h);
+            if (extra) {
+                size_t n = castor_model_num_params(m);
+                float *p = malloc(n * sizeof *p);
+                cr_assert(p);
+                cr_assert_eq(castor_model_get_params(m, p, n), CASTOR_OK);
+                cr_assert_eq(castor_model_set_params(m, p, n), CASTOR_OK);
+                free(p);
+                castor_metrics mt;
+                cr_assert_eq(castor_model_evaluate(m, ds, 16, &mt), CASTOR_OK, "%s",
+                             castor_model_errmsg(m));
+                cr_assert_eq(castor_model_run_stats(m, &st), CASTOR_OK);
+                cr_assert_eq(st.bytes_h2d + st.bytes_d2h, 0,
+                             "%s: %llu + %llu bytes after set_params and evaluate",
+                             castor_strategy_kind_name((castor_strategy_kind)kind),
+                             (unsigned long long)st.bytes_h2d, (unsigned long long)st.bytes_d2h);
+            }
+            fit_steps(m, ds, 16, 2);
+            cr_assert_eq(castor_model_run_stats(m, extra ? &busy : &plain), CASTOR_OK);
+            castor_model_free(m);
+            castor_strategy_free(s);
+        }
+        /* The same two steps cost the same, whatever came before them, but
+         * for central's first upload of the variables to its 2 replicas:
+         * evaluate made it, and the first step found them there. */
+        cr_assert_eq(busy.steps, 2);
+        cr_assert_gt(plain.bytes_h2d, 0);
+        uint64_t uploaded = kind == CASTOR_STRATEGY_CENTRAL ? 2 * 83 * sizeof(float) : 0;
+        cr_assert_eq(busy.bytes_h2d + uploaded, plain.bytes_h2d,
+                     "%s: h2d %llu, %llu without the extra calls",
+                     castor_strategy_kind_name((castor_strategy_kind)kind),
+                     (unsigned long long)busy.bytes_h2d, (unsigned long long)plain.bytes_h2d);
+        cr_assert_eq(busy.bytes_d2h, plain.bytes_d2h, "%s: d2h %llu, %llu without the extra calls",
+                     castor_strategy_kind_name((castor_strategy_kind)kind),
+                     (unsigned long long)busy.bytes_d2h, (unsigned long long)plain.bytes_d2h);
+    }
+    castor_dataset_free(ds);
+}
+
 Test(model_api, a_gpu_named_twice_is_refused_before_anything_opens)
 {
     /* Refused while parsing, so the same on a machine without a GPU. */
