@@ -15,7 +15,9 @@
  *   - destroying NULL is a no-op;
  *   - each handle keeps the text of its last error (a call that succeeds
  *     leaves it as it was: read it right after a failure); castor_errstr()
- *     gives a static text for any status code;
+ *     gives a static text for any status code. A function that takes its
+ *     handle const (castor_model_layers_spec, castor_model_run_stats)
+ *     writes no message: its status code is the whole answer;
  *   - a NULL handle, a NULL for another pointer that the function does not
  *     say may be NULL (an out-parameter, data, a file name, a device list, a
  *     layer spec), an empty file or directory name, or a call in the wrong
