@@ -289,9 +289,10 @@ typedef struct castor_dataset castor_dataset;
  * as they are. */
 CASTOR_API int castor_dataset_load_idx(castor_dataset **out, const char *images_path,
                                        const char *labels_path);
-/* Load a Fashion-MNIST/MNIST style directory: which is "train" or "test"
- * (train-images-idx3-ubyte[.gz], t10k-images-idx3-ubyte[.gz], ...; the plain
- * file when both are there), read as castor_dataset_load_idx reads them. */
+/* Load a Fashion-MNIST/MNIST style directory: which is "train" or "test",
+ * in either case (train-images-idx3-ubyte[.gz], t10k-images-idx3-ubyte[.gz],
+ * ...; the plain file when both are there), read as castor_dataset_load_idx
+ * reads them. */
 CASTOR_API int castor_dataset_load_mnist_dir(castor_dataset **out, const char *dir,
                                              const char *which);
 /* A dataset from memory (copied). labels (int32 class ids) or targets

@@ -229,9 +229,10 @@ int castor__mnist_dir_find(const char *dir, const char *which, char *images, cha
                            size_t size, char *err, size_t errlen)
 {
     const char *prefix = NULL;
-    if (which && strcmp(which, "train") == 0)
+    /* In either case, as castor.h's names are. */
+    if (which && castor__ascii_ieq(which, "train"))
         prefix = "train";
-    else if (which && strcmp(which, "test") == 0)
+    else if (which && castor__ascii_ieq(which, "test"))
         prefix = "t10k";
     if (!dir || !*dir) {
         /* "" would look in the root directory. */

@@ -262,6 +262,12 @@ Test(dataset, mnist_dir_finds_plain_or_gzip)
                  castor_dataset_errmsg(ds));
     cr_assert_eq(castor_dataset_size(ds), 2);
     castor_dataset_free(ds);
+    /* The set's name in any case, as castor.h's other names ("Test" was
+     * CASTOR_INVALID). */
+    cr_assert_eq(castor_dataset_load_mnist_dir(&ds, support_dir, "Test"), CASTOR_OK, "%s",
+                 castor_dataset_errmsg(ds));
+    cr_assert_eq(castor_dataset_size(ds), 2);
+    castor_dataset_free(ds);
 
     /* Only the labels missing: only they are named. */
     char path[SUPPORT_PATH_LEN];
