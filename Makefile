@@ -125,6 +125,8 @@ $(BUILD)/libcastor.a: $(LIB_OBJ)
 $(BUILD)/libcastor.so: $(LIB_OBJ) Makefile
 	@mkdir -p $(@D)
 	$(CC) -shared -Wl,-soname,$(SONAME) -o $@ $(LIB_OBJ) $(SANITIZE) $(LDLIBS)
+	@# A program linked with -L$(BUILD) -lcastor asks for the soname.
+	ln -sf libcastor.so $(BUILD)/$(SONAME)
 
 $(BUILD)/castor: $(CLI_OBJ) $(BUILD)/libcastor.a
 	$(CC) -o $@ $(CLI_OBJ) $(BUILD)/libcastor.a $(SANITIZE) $(LDLIBS)

@@ -201,6 +201,20 @@ else
     fail "the static program failed" "$out"
 fi
 
+# ---- the build tree, not installed ----
+# -lcastor from the build directory: the program needs libcastor.so.MAJOR (the
+# soname), which the build directory lacked, so it linked and then could not
+# start ("cannot open shared object file").
+B=$(cd "$BUILD" && pwd)
+if out=$($CC -std=c11 -Wall -Wextra -Werror "$T/app.c" -o "$T/app-tree" -Iinclude -L"$B" \
+    -lcastor -Wl,-rpath,"$B" 2>&1) &&
+    out=$(OPENBLAS_NUM_THREADS=1 "$T/app-tree" 2>&1) &&
+    [[ "$out" == "castor $VERSION accuracy 1.00" ]]; then
+    ok "a program linked with -L$BUILD -lcastor runs from the build tree: $out"
+else
+    fail "a program linked with -L$BUILD -lcastor does not run from the build tree" "$out"
+fi
+
 # ---- the installed header on its own ----
 if out=$(printf '#include <castor.h>\nint main(void) { return castor_version_number() < 0; }\n' |
     $CC -std=c99 -pedantic -Wall -Wextra -Werror -fsyntax-only -I"$P/include" -x c - 2>&1); then
