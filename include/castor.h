@@ -369,7 +369,10 @@ typedef struct castor_fit_options {
  * fit returns CASTOR_MISMATCH, training nothing, unless the batch size, the
  * number of training samples and the shuffle flag are the epoch's. A model
  * loaded with variables or optimizer state that are not finite is refused
- * (CASTOR_INVALID; see castor_model_load). */
+ * (CASTOR_INVALID; see castor_model_load). fit does not read the variables
+ * back as it trains, so a model that diverges in it (or in an earlier fit)
+ * trains on: a progress callback that sees a non-finite loss, or
+ * castor_model_all_finite, can stop it. */
 CASTOR_API int castor_model_fit(castor_model *model, const castor_dataset *train,
                                 const castor_fit_options *options, castor_metrics *last_epoch);
 /* evaluate and predict run batch_size samples at a time, split over the
