@@ -37,7 +37,10 @@
  *     error pointer (cJSON_GetErrorPtr) is one for the whole process and is
  *     written by every parse, castor's too; an application that reads it must
  *     not load checkpoints on another thread meanwhile (castor itself never
- *     reads it, and its own parses take turns).
+ *     reads it, and its own parses take turns);
+ *   - with CUDA devices, a castor call may leave its thread's current CUDA
+ *     device (cudaSetDevice) at one of the strategy's GPUs: an application
+ *     that uses CUDA itself on that thread sets its device again after it.
  */
 #ifndef CASTOR_H
 #define CASTOR_H
