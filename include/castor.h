@@ -386,6 +386,15 @@ CASTOR_API int castor_model_evaluate(castor_model *model, const castor_dataset *
  * n samples of input_features floats each, into out (n x output_units). */
 CASTOR_API int castor_model_predict(castor_model *model, const float *x, size_t n,
                                     int batch_size, float *out);
+/* A check that evaluate and predict make before each batch, and fit before
+ * each step: when fn returns non-zero they stop with CASTOR_INTERRUPTED
+ * (evaluate's and predict's outputs then unset, fit as when its progress
+ * callback stops it; fit's validation pass at an epoch end runs whole, so
+ * that the epoch's end reaches the callback). It is how a signal handler
+ * or another thread stops a long call: fn, called on the call's thread,
+ * reads a flag they set. NULL fn: no check (the default). */
+typedef int (*castor_stop_fn)(void *user);
+CASTOR_API int castor_model_set_stop_check(castor_model *model, castor_stop_fn fn, void *user);
 
 /* The most device memory any one replica has held since compile (or
  * castor_model_reset_run_stats, which starts the count again from what the

@@ -88,6 +88,10 @@ struct castor_model {
      * model, not run, change or reload it under the running loop. */
     int fitting;
 
+    /* castor_model_set_stop_check's: polled between batches and steps. */
+    castor_stop_fn stop_check;
+    void *stop_user;
+
     struct castor__runtime *rt;  /* the strategy's per-model state */
     char errmsg[CASTOR__MSG_MAX];
 };

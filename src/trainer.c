@@ -103,7 +103,15 @@ static int check_batch(castor_model *m, int batch, const char *what)
     return CASTOR_OK;
 }
 
-static int evaluate(castor_model *m, const castor_dataset *ds, int batch, castor_metrics *out)
+/* Whether the caller's stop check asks to stop now. */
+static int stop_asked(const castor_model *m)
+{
+    return m->stop_check && m->stop_check(m->stop_user);
+}
+
+/* can_stop: the public evaluate (fit's validation pass runs whole). */
+static int evaluate(castor_model *m, const castor_dataset *ds, int batch, castor_metrics *out,
+                    int can_stop)
 {
     staging st;
     int rows = (size_t)batch < ds->n ? batch : (int)ds->n;
@@ -114,6 +122,11 @@ static int evaluate(castor_model *m, const castor_dataset *ds, int batch, castor
     }
     double loss = 0, correct = 0;
     for (size_t first = 0; first < ds->n && !rc; first += (size_t)rows) {
+        if (can_stop && stop_asked(m)) {
+            rc = castor__model_fail(m, CASTOR_INTERRUPTED, "evaluate: stopped after %zu of %zu "
+                                    "samples", first, ds->n);
+            break;
+        }
         int n = (int)((ds->n - first) < (size_t)rows ? ds->n - first : (size_t)rows);
         castor__batch b = gather(&st, ds, NULL, first, n);
         castor__batch_stats s;
@@ -143,7 +156,7 @@ int castor_model_evaluate(castor_model *m, const castor_dataset *ds, int batch,
         (rc = castor__model_ready(m, "evaluate")) || (rc = check_data(m, ds, "evaluate")) ||
         (rc = check_batch(m, batch, "evaluate")))
         return rc;
-    return evaluate(m, ds, batch, out);
+    return evaluate(m, ds, batch, out, 1);
 }
 
 int castor_model_predict(castor_model *m, const float *x, size_t n, int batch, float *out)
@@ -179,6 +192,11 @@ int castor_model_predict(castor_model *m, const float *x, size_t n, int batch, f
         return castor__model_fail(m, CASTOR_NOMEM, "predict: out of host memory");
     }
     for (size_t first = 0; first < n && !rc; first += (size_t)rows) {
+        if (stop_asked(m)) {
+            rc = castor__model_fail(m, CASTOR_INTERRUPTED, "predict: stopped after %zu of %zu "
+                                    "samples", first, n);
+            break;
+        }
         int k = (int)((n - first) < (size_t)rows ? n - first : (size_t)rows);
         castor__batch b = gather(&st, &view, NULL, first, k);
         if (mse)
@@ -316,6 +334,10 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
         double loss = 0, correct = 0;
         size_t seen = 0;
         while (m->step_in_epoch < steps_per_epoch) {
+            if (stop_asked(m)) {
+                stop = asked_to_stop = 1;
+                break;
+            }
             size_t first = (size_t)m->step_in_epoch * (size_t)o->batch_size;
             int n = (int)((train->n - first) < (size_t)rows ? train->n - first : (size_t)rows);
             castor__batch b = gather(&st, train, perm, first, n);
@@ -347,7 +369,7 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
                 epoch_metrics.samples = seen;
                 if (o->validation) {
                     castor_metrics v;
-                    if ((rc = evaluate(m, o->validation, o->batch_size, &v)))
+                    if ((rc = evaluate(m, o->validation, o->batch_size, &v, 0)))
                         break;
                     p.val_loss = v.loss;
                     p.val_accuracy = v.accuracy;
@@ -380,5 +402,14 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
     if (asked_to_stop)
         return castor__model_fail(m, CASTOR_INTERRUPTED, "fit: stopped after step %lld",
                                   (long long)m->step);
+    return CASTOR_OK;
+}
+
+int castor_model_set_stop_check(castor_model *m, castor_stop_fn fn, void *user)
+{
+    if (!m)
+        return CASTOR_MISUSE;
+    m->stop_check = fn;
+    m->stop_user = user;
     return CASTOR_OK;
 }

@@ -1,0 +1,183 @@
+/*
+ * castor_model_set_stop_check: how a signal handler or another thread stops
+ * a long evaluate, predict or fit. Each stops at its next batch or step with
+ * CASTOR_INTERRUPTED, leaves the model as a callback's stop would, and runs
+ * whole again once the check says go on; fit's validation pass is never cut.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "castor.h"
+#include "model_api_support.h"
+
+/* Says stop from its stop_at-th call on (0: never). */
+typedef struct stopper {
+    int calls, stop_at;
+} stopper;
+
+static int stop_from(void *user)
+{
+    stopper *s = user;
+    s->calls++;
+    return s->stop_at && s->calls >= s->stop_at;
+}
+
+/* A model on cpu:2, and the stopper installed. */
+static castor_model *stoppable(castor_strategy **s, castor_strategy_kind kind, stopper *st)
+{
+    cr_assert_eq(castor_strategy_create(s, kind, "cpu:2", NULL), CASTOR_OK);
+    castor_model *m = compiled(*s, "8:relu,3");
+    cr_assert_eq(castor_model_set_stop_check(m, stop_from, st), CASTOR_OK);
+    return m;
+}
+
+Test(stop_check, evaluate_and_predict_stop_at_the_next_batch)
+{
+    castor_dataset *ds = small_dataset();
+    stopper st = {0, 0};
+    castor_strategy *s = NULL;
+    castor_model *m = stoppable(&s, CASTOR_STRATEGY_CENTRAL, &st);
+    castor_metrics whole, met = {-1, -1, 7};
+    cr_assert_eq(castor_model_evaluate(m, ds, 16, &whole), CASTOR_OK, "%s",
+                 castor_model_errmsg(m));
+    cr_assert_eq(st.calls, N / 16, "one check before each of the %d batches", N / 16);
+
+    /* Stop before the third batch: two of three ran. */
+    st = (stopper){0, 3};
+    cr_assert_eq(castor_model_evaluate(m, ds, 16, &met), CASTOR_INTERRUPTED);
+    cr_assert_str_eq(castor_model_errmsg(m), "evaluate: stopped after 32 of 48 samples");
+    cr_assert_eq(met.samples, 7, "an interrupted evaluate leaves out alone");
+    /* A flag already set stops it before any batch. */
+    st = (stopper){0, 1};
+    cr_assert_eq(castor_model_evaluate(m, ds, 16, &met), CASTOR_INTERRUPTED);
+    cr_assert_str_eq(castor_model_errmsg(m), "evaluate: stopped after 0 of 48 samples");
+
+    float x[N * F], out[N * 3], again[N * 3];
+    memcpy(x, castor_dataset_x(ds), sizeof x);
+    st = (stopper){0, 0};
+    cr_assert_eq(castor_model_predict(m, x, N, 16, out), CASTOR_OK);
+    st = (stopper){0, 2};
+    cr_assert_eq(castor_model_predict(m, x, N, 16, again), CASTOR_INTERRUPTED);
+    cr_assert_str_eq(castor_model_errmsg(m), "predict: stopped after 16 of 48 samples");
+
+    /* Told to go on (or with no check), both run whole, as before. */
+    st = (stopper){0, 0};
+    cr_assert_eq(castor_model_evaluate(m, ds, 16, &met), CASTOR_OK);
+    cr_assert(met.loss == whole.loss && met.accuracy == whole.accuracy);
+    cr_assert_eq(castor_model_set_stop_check(m, NULL, NULL), CASTOR_OK);
+    cr_assert_eq(castor_model_predict(m, x, N, 16, again), CASTOR_OK);
+    cr_assert_arr_eq(again, out, sizeof out);
+    cr_assert_eq(castor_model_set_stop_check(NULL, stop_from, &st), CASTOR_MISUSE);
+
+    castor_model_free(m);
+    castor_strategy_free(s);
+    castor_dataset_free(ds);
+}
+
+/* The model's variables, as floats the caller frees. */
+static float *params_of(castor_model *m)
+{
+    size_t n = castor_model_num_params(m);
+    float *p = malloc(n * sizeof *p);
+    cr_assert(p);
+    cr_assert_eq(castor_model_get_params(m, p, n), CASTOR_OK);
+    return p;
+}
+
+Test(stop_check, a_stopped_fit_goes_on_to_the_same_model)
+{
+    castor_dataset *ds = small_dataset();
+    for (int kind = CASTOR_STRATEGY_CENTRAL; kind <= CASTOR_STRATEGY_MIRRORED; kind++) {
+        const char *name = castor_strategy_kind_name((castor_strategy_kind)kind);
+        castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+        fo.epochs = 2;
+        fo.batch_size = 8;  /* 6 steps an epoch */
+        castor_metrics last;
+
+        stopper never = {0, 0};
+        castor_strategy *s1 = NULL;
+        castor_model *whole = stoppable(&s1, (castor_strategy_kind)kind, &never);
+        cr_assert_eq(castor_model_fit(whole, ds, &fo, &last), CASTOR_OK, "%s",
+                     castor_model_errmsg(whole));
+        cr_assert_eq(never.calls, 12, "%s: one check before each step, not %d", name,
+                     never.calls);
+        float *want = params_of(whole);
+
+        /* Stopped before step 4: three steps taken, mid-epoch. */
+        stopper st = {0, 4};
+        castor_strategy *s2 = NULL;
+        castor_model *m = stoppable(&s2, (castor_strategy_kind)kind, &st);
+        cr_assert_eq(castor_model_fit(m, ds, &fo, &last), CASTOR_INTERRUPTED, "%s: %s", name,
+                     castor_model_errmsg(m));
+        cr_assert_str_eq(castor_model_errmsg(m), "fit: stopped after step 3");
+        cr_assert_eq(castor_model_step(m), 3);
+        cr_assert_eq(castor_model_step_in_epoch(m), 3);
+        cr_assert(isnan(last.loss) && last.samples == 0, "%s: no epoch ended", name);
+        /* Going on: the rest of the first epoch and the second. */
+        st = (stopper){0, 0};
+        cr_assert_eq(castor_model_fit(m, ds, &fo, &last), CASTOR_OK, "%s: %s", name,
+                     castor_model_errmsg(m));
+        cr_assert_eq(castor_model_step(m), 12);
+        float *got = params_of(m);
+        cr_assert_arr_eq(got, want, castor_model_num_params(m) * sizeof(float),
+                         "%s: the stopped and resumed fit ends elsewhere", name);
+        free(got);
+        free(want);
+        castor_model_free(m);
+        castor_strategy_free(s2);
+        castor_model_free(whole);
+        castor_strategy_free(s1);
+    }
+    castor_dataset_free(ds);
+}
+
+typedef struct epoch_end {
+    stopper *st;
+    double val_loss;
+    int ends;
+} epoch_end;
+
+/* After the check before the first epoch's last step, the check says stop:
+ * a validation pass that polled it would be cut. */
+static int arm_at_epoch_end(void *user, const castor_progress *p)
+{
+    epoch_end *e = user;
+    if (p->step_in_epoch == p->steps_per_epoch - 1)
+        e->st->stop_at = e->st->calls + 2;
+    if (p->epoch_end) {
+        e->ends++;
+        e->val_loss = p->val_loss;
+    }
+    return 0;
+}
+
+Test(stop_check, the_validation_pass_at_an_epoch_end_runs_whole)
+{
+    castor_dataset *ds = small_dataset();
+    castor_dataset *val = NULL;
+    cr_assert_eq(castor_dataset_split_tail(ds, 16, &val), CASTOR_OK);
+    stopper st = {0, 0};
+    castor_strategy *s = NULL;
+    castor_model *m = stoppable(&s, CASTOR_STRATEGY_CENTRAL, &st);
+    epoch_end e = {&st, NAN, 0};
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.epochs = 3;
+    fo.batch_size = 8;  /* 4 steps an epoch */
+    fo.validation = val;
+    fo.progress = arm_at_epoch_end;
+    fo.progress_user = &e;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_INTERRUPTED, "%s",
+                 castor_model_errmsg(m));
+    /* The last step ran, its epoch's validation and callback came, and fit
+     * stopped before the next epoch's first step. */
+    cr_assert_eq(castor_model_step(m), 4);
+    cr_assert_eq(castor_model_epoch(m), 1);
+    cr_assert_eq(e.ends, 1);
+    cr_assert(isfinite(e.val_loss), "the validation pass was cut: %g", e.val_loss);
+    castor_model_free(m);
+    castor_strategy_free(s);
+    castor_dataset_free(val);
+    castor_dataset_free(ds);
+}
