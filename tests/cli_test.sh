@@ -2022,6 +2022,49 @@ else
     bad "a signal after --save: status $rc" "$(tail -n 3 "$T/err"; ls -la "$T/late.safetensors" 2>&1)"
 fi
 
+# ---- a signal during the test evaluation stops it at its next batch ------------------------
+# Training was over: the evaluation ran to its end (minutes on a big test
+# set: a scheduler's whole SIGTERM grace period) and its results were then
+# thrown away, with "interrupted after step 2" as if training had been cut.
+# 80000 test samples through 2048:relu,2048:relu,10 take about 10 s on the
+# 2-core dev box; stopped, castor is gone within a batch (~20 ms).
+LE=$T/long-eval
+mkdir -p "$LE"
+python3 - "$LE" <<'EOF'
+import random, struct, sys
+rng = random.Random(7)
+for prefix, n in (("train", 200), ("t10k", 80000)):
+    with open(f"{sys.argv[1]}/{prefix}-images-idx3-ubyte", "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, n, 28, 28) + rng.randbytes(n * 784))
+    with open(f"{sys.argv[1]}/{prefix}-labels-idx1-ubyte", "wb") as f:
+        f.write(struct.pack(">II", 0x801, n) + bytes(rng.randrange(10) for _ in range(n)))
+EOF
+: >"$T/err"
+"$BIN" train --data "$LE" --layers 2048:relu,2048:relu,10 --epochs 1 --batch 100 --verbose \
+    --save "$T/long-eval.safetensors" >"$T/out" 2>"$T/err" &
+BGPID=$!
+waited=0
+while ! grep -q '^castor: saved ' "$T/err" 2>/dev/null; do
+    if ! kill -0 "$BGPID" 2>/dev/null || [[ $waited -ge 600 ]]; then break; fi
+    sleep 0.1
+    waited=$((waited + 1))
+done
+sleep 0.3
+start=$(date +%s%N)
+kill -TERM "$BGPID" 2>/dev/null
+wait_at_most "$BGPID" 60
+BGPID=""
+took=$((($(date +%s%N) - start) / 1000000))
+rm -rf "$LE"
+want="castor: interrupted during the test evaluation, after training to step 2; the model is \
+saved in $T/long-eval.safetensors"
+if [[ $rc -eq 143 && $took -lt 3000 && ! -s "$T/out" ]] && grep -qxF "$want" "$T/err"; then
+    ok "SIGTERM in the test evaluation -> 143 in $took ms, says training was done and where it is"
+else
+    bad "SIGTERM in the test evaluation: status $rc after $took ms (want 143 within 3 s)" \
+        "$(tail -n 3 "$T/err")"
+fi
+
 # ---- a signal before training writes no checkpoint ---------------------------------------
 # (it wrote the untrained model as ckpt-000000000000, and a fresh run into the
 # directory was then refused). The data takes a moment to load: the signal

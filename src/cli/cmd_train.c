@@ -446,10 +446,20 @@ static int checkpoint_failed(train_run *r)
     return CLI_EXIT_RUNTIME;
 }
 
+/* The library's stop check: a signal stops fit before its next step and
+ * the test evaluation before its next batch (a long one ran to its end and
+ * was then thrown away). */
+static int stop_check(void *user)
+{
+    (void)user;
+    return train_stop_signal();
+}
+
 static int fit(train_run *r)
 {
     if (train_stop_signal())
         return train_report_interrupt(r);
+    castor_model_set_stop_check(r->model, stop_check, NULL);
     r->step0 = castor_model_step(r->model);
     r->epoch0 = castor_model_epoch(r->model);
     /* --epochs is the run's total; an epoch in progress counts as one. */
@@ -527,7 +537,10 @@ static int evaluate(train_run *r)
 {
     if (train_stop_signal()) /* arrived since fit (during --save): stop before evaluating */
         return train_report_interrupt(r);
+    r->evaluating = 1;
     int rc = castor_model_evaluate(r->model, r->test, r->o.batch, &r->test_m);
+    if (rc == CASTOR_INTERRUPTED && train_stop_signal())
+        return train_report_interrupt(r);
     if (rc != CASTOR_OK) {
         cli_errorf("evaluation on the test set failed: %s",
                    cli_why(castor_model_errmsg(r->model), rc));

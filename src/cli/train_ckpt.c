@@ -253,18 +253,22 @@ int train_report_interrupt(train_run *r)
         return 128 + sig;
     }
     long long step = (long long)castor_model_step(r->model);
+    /* In the test evaluation training is over: say so, not "after step". */
+    const char *when = r->evaluating ? "during the test evaluation, after training to step"
+                                     : "after step";
     if (r->saved) {  /* after training: --save holds it, whatever else happens */
-        fprintf(stderr, "castor: interrupted after step %lld; the model is saved in %s%s%s\n",
+        fprintf(stderr, "castor: interrupted %s %lld; the model is saved in %s%s%s\n", when,
                 step, r->o.save, r->last_ckpt_step == step ? " and " : "",
                 r->last_ckpt_step == step ? r->last_ckpt : "");
     } else if (!r->o.checkpoint_dir) {
-        fprintf(stderr, "castor: interrupted after step %lld; no checkpoint directory set, "
-                        "progress lost\n", step);
+        fprintf(stderr, "castor: interrupted %s %lld; %s\n", when, step,
+                r->evaluating ? "no --save or --checkpoint-dir: the trained model is lost"
+                              : "no checkpoint directory set, progress lost");
     } else if (r->last_ckpt_step == step || train_write_checkpoint(r) == 0) {
-        fprintf(stderr, "castor: interrupted after step %lld; checkpoint saved to %s\n", step,
+        fprintf(stderr, "castor: interrupted %s %lld; checkpoint saved to %s\n", when, step,
                 r->last_ckpt);
     } else {
-        fprintf(stderr, "castor: interrupted after step %lld; %s\n", step, r->ckpt_error);
+        fprintf(stderr, "castor: interrupted %s %lld; %s\n", when, step, r->ckpt_error);
     }
     return 128 + sig;
 }
