@@ -89,15 +89,22 @@ static int too_big(cdev *dev, const castor_model *m, int rows, int mirrored)
 {
     size_t need = castor__replica_bytes(m, rows, mirrored);
     size_t params = m->n_params * sizeof(float);
-    char acts[96] = "";
+    char state[64] = "", acts[96] = "";
+    if (mirrored && m->opt_slots > 0)
+        snprintf(state, sizeof state, ", optimizer state %zu",
+                 sat_mul((size_t)m->opt_slots, params));
     if (rows > 0)
         snprintf(acts, sizeof acts, ", activations for %d rows %zu", rows,
                  need - param_arena_bytes(m, mirrored));
+    /* At compile the batch is not known yet: the figure is a floor (a
+     * budget just above it failed again at the first step, for the
+     * activations the message had not named). */
     return castor__cdev_fail(
         dev, CASTOR_DEVICE_MEMORY,
-        "the model needs %zu bytes of device memory per replica on %s "
+        "the model needs %zu bytes of device memory per replica on %s%s "
         "(variables %zu, gradients %zu%s%s), but the device's budget is %zu bytes",
-        need, dev->name, params, params, mirrored ? ", optimizer state" : "", acts, dev->budget);
+        need, dev->name, rows > 0 ? "" : " before any batch's activations", params, params,
+        state, acts, dev->budget);
 }
 
 int castor__replica_check_room(const castor_model *m, cdev *dev, int mirrored)

@@ -266,6 +266,7 @@ Test(train, device_budget)
     const char *msg = castor_model_errmsg(m);
     cr_assert(strstr(msg, "1048576"), "names the budget: %s", msg);
     cr_assert(strstr(msg, "3256"), "names the bytes needed: %s", msg);
+    cr_assert(strstr(msg, "before any batch's activations"), "a floor, not the whole: %s", msg);
     castor_model_free(m);
 
     /* The variables fit but a large batch's activations do not. */
@@ -289,6 +290,27 @@ Test(train, device_budget)
     free(x);
     free(y);
     castor_dataset_free(ds);
+    castor_model_free(m);
+    castor_strategy_free(s);
+}
+
+Test(train, device_budget_mirrored_names_each_part)
+{
+    /* A mirrored replica holds Adam's two slots too: the message named
+     * "optimizer state" with no size, so its parts did not add up. */
+    castor_strategy_options so = CASTOR_STRATEGY_OPTIONS_INIT;
+    so.device_memory_budget = 600 * 1024;
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_MIRRORED, "cpu:2", &so), CASTOR_OK);
+    castor_model *m = NULL;
+    castor_model_create(&m, 784);
+    castor_model_add_layers(m, "64:relu,10");  /* 50,890 floats: 203,560 bytes */
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 1),
+                 CASTOR_DEVICE_MEMORY);
+    const char *msg = castor_model_errmsg(m);
+    cr_assert(strstr(msg, "before any batch's activations (variables 203560, gradients 203560, "
+                          "optimizer state 407120)"),
+              "%s", msg);
     castor_model_free(m);
     castor_strategy_free(s);
 }
