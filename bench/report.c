@@ -79,12 +79,14 @@ void bench_print_limits(FILE *out, const bench_config *c, const bench_limits *L)
         fmt_num(a, sizeof a, "%.3f", hc->reduce_s * 1e3);
         fmt_num(b, sizeof b, "%.3f", hc->opt_s * 1e3);
         fmt_num(d, sizeof d, "%.3f", hc->central_s * 1e3);
-        fprintf(out, "  host step        %zu params: sum of %d gradients %s ms, %s update alone "
-                "%s ms (reference), both in one pass (central) %s ms", hc->params, L->replicas,
-                a, castor_optimizer_kind_name(c->optimizer), b, d);
+        fprintf(out, "  host step        %zu params: sum of %d gradient%s %s ms, %s update "
+                "alone %s ms (reference), both in one pass (central) %s ms", hc->params,
+                L->replicas, L->replicas == 1 ? "" : "s", a,
+                castor_optimizer_kind_name(c->optimizer), b, d);
         if (L->cpu_devices > 0) {
             fmt_num(a, sizeof a, "%.3f", hc->replica_opt_s * 1e3);
-            fprintf(out, "; %d CPU replicas' updates at once %s ms", L->cpu_devices, a);
+            fprintf(out, "; %d CPU replica%s update%s at once %s ms", L->cpu_devices,
+                    L->cpu_devices == 1 ? "'s" : "s'", L->cpu_devices == 1 ? "" : "s", a);
         }
         fputc('\n', out);
     }

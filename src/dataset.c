@@ -81,8 +81,11 @@ static int load_idx_into(castor_dataset *ds, const char *images_path, const char
     if (img.type == 0x0D || img.type == 0x0E) {
         for (size_t i = 0; i < img.count; i++) {
             if (!isfinite(img.values[i])) {
-                castor__errf(err, errlen, "%s: sample %zu, value %zu is %g, not a finite number",
-                             images_path, i / features, i % features, (double)img.values[i]);
+                /* A float64 past float32's range is finite in the file. */
+                castor__errf(err, errlen, "%s: sample %zu, value %zu is %g, not a finite number%s",
+                             images_path, i / features, i % features, (double)img.values[i],
+                             img.type == 0x0E ? " in float32 (castor's type: float64 values "
+                                                "beyond +-3.4e38 do not fit)" : "");
                 castor__idx_free(&img);
                 return CASTOR_FORMAT;
             }
@@ -113,7 +116,7 @@ static int load_idx_into(castor_dataset *ds, const char *images_path, const char
     for (size_t i = 0; i < n; i++) {
         float v = lab.values[i];
         if (!(v >= 0.0f && v <= (float)MAX_IDX_LABEL) || v != floorf(v)) {
-            castor__errf(err, errlen, "%s: label %zu is %g, not a class number 0..%d",
+            castor__errf(err, errlen, "%s: sample %zu's label is %g, not a class number 0..%d",
                          labels_path, i, (double)v, MAX_IDX_LABEL);
             goto done;
         }
@@ -353,7 +356,7 @@ CASTOR_API int castor_dataset_from_memory(castor_dataset **out, const float *x, 
             /* num_classes = max + 1 must fit in an int. */
             if (labels[i] < 0 || labels[i] == INT32_MAX) {
                 castor__errf(err, errlen,
-                             "from_memory: label %zu is %ld, not a class number 0..%ld", i,
+                             "from_memory: sample %zu's label is %ld, not a class number 0..%ld", i,
                              (long)labels[i], (long)INT32_MAX - 1);
                 return CASTOR_INVALID;
             }

@@ -124,7 +124,11 @@ static int parse_header(const unsigned char *bytes, size_t len, const char *name
     for (int i = 0; i < rank; i++) {
         uint32_t d = be32(bytes + 4 + 4 * i);
         if (d == 0) {
-            castor__errf(err, errlen, "%s: dimension %d of %d is zero", name, i + 1, rank);
+            if (i == 0)  /* the count of samples (or labels) */
+                castor__errf(err, errlen, "%s: holds no samples (its first dimension is 0)",
+                             name);
+            else
+                castor__errf(err, errlen, "%s: dimension %d of %d is zero", name, i + 1, rank);
             return CASTOR_FORMAT;
         }
         if (!castor__mul_ok(count, d, &count) || count > max_count) {

@@ -170,17 +170,17 @@ Test(dataset, load_idx_rejects_bad_labels_and_images)
     expect_load_error(ip, lp, CASTOR_FORMAT, lp, "1 dimension");
 
     write_labels(lp, "negative", 0x09, (const unsigned char[4]){1, 0xFF, 2, 3}, 4, 4);
-    expect_load_error(ip, lp, CASTOR_FORMAT, lp, "label 1 is -1");
+    expect_load_error(ip, lp, CASTOR_FORMAT, lp, "sample 1's label is -1");
 
     /* 1.5f, 0, 0, 0 */
     const unsigned char half[16] = {0x3F, 0xC0, 0, 0};
     write_labels(lp, "fraction", 0x0D, half, 4, sizeof half);
-    expect_load_error(ip, lp, CASTOR_FORMAT, lp, "label 0 is 1.5");
+    expect_load_error(ip, lp, CASTOR_FORMAT, lp, "sample 0's label is 1.5");
 
     /* 2^24 + 1 would round to 2^24 on the way through float: refused. */
     const unsigned char big[16] = {0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0x01, 0, 0, 0x01};
     write_labels(lp, "too-big", 0x0C, big, 4, sizeof big);
-    expect_load_error(ip, lp, CASTOR_FORMAT, lp, "label 3 is");
+    expect_load_error(ip, lp, CASTOR_FORMAT, lp, "sample 3's label is");
 
     write_labels(lp, "good", 0x08, four, 4, 4);
     unsigned char img1[64];
@@ -206,6 +206,15 @@ Test(dataset, load_idx_rejects_bad_labels_and_images)
     flen = support_idx_build(imgf, 0x0E, 2, fdims, f64, sizeof f64);
     support_write_in(ipf, "img-inf64", imgf, flen);
     expect_load_error(ipf, lp, CASTOR_FORMAT, ipf, "sample 1, value 0 is inf");
+    /* A finite float64 past float32's range is inf only once converted:
+     * the message said "is inf" of a value the file holds as 1e300. */
+    const unsigned char e300[8] = {0x7E, 0x37, 0xE4, 0x3C, 0x88, 0x00, 0x75, 0x9C};
+    memcpy(f64 + 8, e300, sizeof e300);
+    flen = support_idx_build(imgf, 0x0E, 2, fdims, f64, sizeof f64);
+    support_write_in(ipf, "img-1e300", imgf, flen);
+    expect_load_error(ipf, lp, CASTOR_FORMAT, ipf,
+                      "sample 1, value 0 is inf, not a finite number in float32 (castor's type: "
+                      "float64 values beyond +-3.4e38 do not fit)");
 
     /* The reader's own errors come through with the right file named. */
     char missing[SUPPORT_PATH_LEN];
@@ -354,8 +363,8 @@ Test(dataset, from_memory_validates_and_copies)
         {x, 3, 2, NULL, NULL, 0, "exactly one"},
         {x, 3, 2, y, t, 1, "exactly one"},
         {x, 3, 2, NULL, t, 0, "target_dim"},
-        {x, 3, 2, (const int32_t[3]){0, -1, 1}, NULL, 0, "label 1 is -1"},
-        {x, 3, 2, (const int32_t[3]){0, 1, INT32_MAX}, NULL, 0, "label 2 is 2147483647"},
+        {x, 3, 2, (const int32_t[3]){0, -1, 1}, NULL, 0, "sample 1's label is -1"},
+        {x, 3, 2, (const int32_t[3]){0, 1, INT32_MAX}, NULL, 0, "sample 2's label is 2147483647"},
         {x, SIZE_MAX / 2, 2, y, NULL, 0, "too many"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {

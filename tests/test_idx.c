@@ -276,10 +276,13 @@ Test(idx, zero_and_oversized_dimensions)
     char path[SUPPORT_PATH_LEN];
     uint32_t zero[2] = {3, 0};
     size_t len = support_idx_build_ubyte(buf, 2, zero, 0);
-    expect_error(support_write_in(path, "zero", buf, len), CASTOR_FORMAT, "zero");
+    expect_error(support_write_in(path, "zero", buf, len), CASTOR_FORMAT,
+                 "dimension 2 of 2 is zero");
+    /* No samples at all: said so ("dimension 1 of 3 is zero" before). */
     uint32_t zero_first[3] = {0, 5, 5};
     len = support_idx_build_ubyte(buf, 3, zero_first, 0);
-    expect_error(support_write_in(path, "zero-first", buf, len), CASTOR_FORMAT, "zero");
+    expect_error(support_write_in(path, "zero-first", buf, len), CASTOR_FORMAT,
+                 "holds no samples (its first dimension is 0)");
 
     limit_address_space((size_t)512 << 20);
     /* 2^128 elements: must fail on the header alone. */

@@ -286,7 +286,8 @@ static int eval_report(const model_cmd *c, const castor_metrics *mt)
         cli_print_loss(stdout, mt->loss);
         if (!isnan(mt->accuracy))
             printf("  accuracy %.4f", mt->accuracy);
-        printf("  (%zu samples from %s)\n", mt->samples, c->data_dir);
+        printf("  (%zu sample%s from %s)\n", mt->samples, mt->samples == 1 ? "" : "s",
+               c->data_dir);
         return cli_flush_results("eval");
     }
     cJSON *o = cJSON_CreateObject();
