@@ -1782,6 +1782,12 @@ expect_error 2 "--resume mid-epoch with another --validation-split" "${TRAIN[@]}
     --epochs 2 --resume "$T/ck-fail/ckpt-000000000004.safetensors" --validation-split 64
 grep -q -- "over 512 training samples.*has 448 (after --validation-split 64)" "$T/err" ||
     bad "the error does not give both sample counts and the split" "$(cat "$T/err")"
+# Data of other features: that is what is said, not its sample count (the
+# mid-epoch check came first and named only the 16000 samples).
+expect_error 2 "--resume mid-epoch on data of other features" train --data "$BIG" \
+    --devices cpu:2 --epochs 2 --resume "$T/ck-fail/ckpt-000000000004.safetensors"
+grep -q -- "the model takes 256 features per sample but the data in $BIG has 784" "$T/err" ||
+    bad "--resume mid-epoch on other features: not the features' message" "$(cat "$T/err")"
 # At an epoch boundary, --validation-split left out of --resume defaults to
 # the run's own (the file trained on 448 of the 512 samples): the result is
 # the uninterrupted run's, and the held-out samples were never trained on.

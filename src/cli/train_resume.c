@@ -183,6 +183,24 @@ int train_resume(train_run *r)
         snprintf(r->layers_spec, sizeof r->layers_spec, "%s", r->meta.layers);
     if ((rc = check_resume_flags(r)) != 0)
         return rc;
+    /* Other features first: the most basic difference, and the one to name
+     * (a mid-epoch file on other data spoke of its sample count, after a
+     * --validation-split inferred from it). */
+    int features = castor_model_input_features(r->model);
+    if (features != castor_dataset_features(r->train)) {
+        cli_errorf("--resume %s: the model takes %d features per sample but the data in %s has "
+                   "%d",
+                   path, features, r->data_dir, castor_dataset_features(r->train));
+        return CLI_EXIT_USAGE;
+    }
+    /* The same features in another shape, or scaled otherwise, are other
+     * data than the file was trained on. */
+    cli_data_kind trained = {r->meta.input_type, r->meta.input_rank, {0, 0, 0}};
+    memcpy(trained.dims, r->meta.input_dims, sizeof trained.dims);
+    char has[CLI_PATH_MAX + 32];
+    snprintf(has, sizeof has, "--resume %s was trained on", path);
+    if ((rc = cli_check_data_kind(r->train, "training", r->data_dir, &trained, has)) != 0)
+        return rc;
     size_t samples = castor_dataset_size(r->train);
     /* The file's epochs were over epoch_samples training samples: on the
      * same --data, a run started with --validation-split held the rest
@@ -214,21 +232,6 @@ int train_resume(train_run *r)
                    samples, split);
         return CLI_EXIT_USAGE;
     }
-    int features = castor_model_input_features(r->model);
-    if (features != castor_dataset_features(r->train)) {
-        cli_errorf("--resume %s: the model takes %d features per sample but the data in %s has "
-                   "%d",
-                   path, features, r->data_dir, castor_dataset_features(r->train));
-        return CLI_EXIT_USAGE;
-    }
-    /* The same features in another shape, or scaled otherwise, are other
-     * data than the file was trained on. */
-    cli_data_kind trained = {r->meta.input_type, r->meta.input_rank, {0, 0, 0}};
-    memcpy(trained.dims, r->meta.input_dims, sizeof trained.dims);
-    char has[CLI_PATH_MAX + 32];
-    snprintf(has, sizeof has, "--resume %s was trained on", path);
-    if ((rc = cli_check_data_kind(r->train, "training", r->data_dir, &trained, has)) != 0)
-        return rc;
 
     if (trains && (rc = check_finite(r, path)) != 0)
         return rc;
