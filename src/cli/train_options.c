@@ -202,7 +202,8 @@ void castor_cli_train_usage(FILE *out)
             "about to be written or at the end, not finite) stops with status 1, naming\n"
             "the step; no checkpoint or --save of that model is written, and the older\n"
             "checkpoints stay.\n"
-            "Exit status 1: the run failed; 2: a flag is wrong, or\n"
+            "Exit status 1: the run failed (or another run is writing into\n"
+            "--checkpoint-dir: try again once it has ended); 2: a flag is wrong, or\n"
             "the data, a checkpoint or --checkpoint-dir does not fit the flags.\n");
 }
 
