@@ -321,6 +321,12 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
     int stop = 0;           /* max_steps reached, or the callback asked */
     int asked_to_stop = 0;  /* the callback asked: CASTOR_INTERRUPTED */
     for (int e = 0; e < o->epochs && !rc && !stop; e++) {
+        /* Asked before the epoch is set up: a fit stopped before its first
+         * step must not record this call's batch size as the epoch's. */
+        if (stop_asked(m)) {
+            stop = asked_to_stop = 1;
+            break;
+        }
         castor__rng rng;
         castor__rng_seed(&rng, m->seed, CASTOR_RNG_SHUFFLE, (uint64_t)m->epoch);
         if (o->shuffle)
@@ -333,8 +339,8 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
         m->epoch_shuffle = !!o->shuffle;
         double loss = 0, correct = 0;
         size_t seen = 0;
-        while (m->step_in_epoch < steps_per_epoch) {
-            if (stop_asked(m)) {
+        for (int asked = 1; m->step_in_epoch < steps_per_epoch; asked = 0) {
+            if (!asked && stop_asked(m)) {  /* the epoch's first: asked above */
                 stop = asked_to_stop = 1;
                 break;
             }

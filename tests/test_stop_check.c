@@ -11,6 +11,7 @@
 
 #include "castor.h"
 #include "model_api_support.h"
+#include "src/model.h"
 
 /* Says stop from its stop_at-th call on (0: never). */
 typedef struct stopper {
@@ -179,5 +180,33 @@ Test(stop_check, the_validation_pass_at_an_epoch_end_runs_whole)
     castor_model_free(m);
     castor_strategy_free(s);
     castor_dataset_free(val);
+    castor_dataset_free(ds);
+}
+
+Test(stop_check, a_fit_stopped_before_its_first_step_changes_nothing)
+{
+    /* At an epoch boundary a fit stopped before any step recorded its own
+     * batch size as the epoch's, which a checkpoint then carried and a
+     * resume without --batch adopted. */
+    castor_dataset *ds = small_dataset();
+    stopper st = {0, 0};
+    castor_strategy *s = NULL;
+    castor_model *m = stoppable(&s, CASTOR_STRATEGY_CENTRAL, &st);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.batch_size = 8;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m));
+    cr_assert_eq(m->epoch_batch, 8);
+    st = (stopper){0, 1};
+    fo.batch_size = 16;
+    fo.shuffle = 0;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_INTERRUPTED);
+    cr_assert_str_eq(castor_model_errmsg(m), "fit: stopped after step 6");
+    cr_assert_eq(castor_model_step(m), 6);
+    cr_assert_eq(castor_model_epoch(m), 1);
+    cr_assert_eq(m->epoch_batch, 8, "the stopped fit's batch size was recorded: %d",
+                 m->epoch_batch);
+    cr_assert_eq(m->epoch_shuffle, 1);
+    castor_model_free(m);
+    castor_strategy_free(s);
     castor_dataset_free(ds);
 }
