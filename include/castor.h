@@ -81,7 +81,7 @@ typedef enum castor_status {
     CASTOR_DEVICE = 7,         /* a device (CUDA, cuBLAS, NCCL) call failed */
     CASTOR_DEVICE_MEMORY = 8,  /* the device memory budget is exceeded */
     CASTOR_UNSUPPORTED = 9,    /* not available in this build or on this machine */
-    CASTOR_INTERRUPTED = 10,   /* stopped on request (progress callback) */
+    CASTOR_INTERRUPTED = 10,   /* stopped on request (progress callback, stop check) */
     CASTOR_MISMATCH = 11       /* a file does not match the model */
 } castor_status;
 
@@ -387,12 +387,15 @@ CASTOR_API int castor_model_evaluate(castor_model *model, const castor_dataset *
 CASTOR_API int castor_model_predict(castor_model *model, const float *x, size_t n,
                                     int batch_size, float *out);
 /* A check that evaluate and predict make before each batch, and fit before
- * each step: when fn returns non-zero they stop with CASTOR_INTERRUPTED
- * (evaluate's and predict's outputs then unset, fit as when its progress
- * callback stops it; fit's validation pass at an epoch end runs whole, so
- * that the epoch's end reaches the callback). It is how a signal handler
- * or another thread stops a long call: fn, called on the call's thread,
- * reads a flag they set. NULL fn: no check (the default). */
+ * each step, the first included: when fn returns non-zero they stop with
+ * CASTOR_INTERRUPTED. evaluate then leaves out alone and predict's out
+ * holds the batches done before the stop; fit leaves the model as when its
+ * progress callback stops it (possibly before any step), and its
+ * validation pass at an epoch end runs whole, so that the epoch's end
+ * reaches the callback. It is how a signal handler or another thread stops
+ * a long call: fn, called on the call's thread, reads a flag they set (a
+ * volatile sig_atomic_t, or an atomic). Set it before the call; NULL fn:
+ * no check (the default). */
 typedef int (*castor_stop_fn)(void *user);
 CASTOR_API int castor_model_set_stop_check(castor_model *model, castor_stop_fn fn, void *user);
 
@@ -402,8 +405,9 @@ CASTOR_API int castor_model_set_stop_check(castor_model *model, castor_stop_fn f
 CASTOR_API size_t castor_model_device_peak_bytes(const castor_model *model);
 
 /* What the model's training steps have cost since compile (or the last
- * reset): for benchmarks and for seeing where a step's time goes. What
- * compile, set_params, load, evaluate and predict move is not counted. */
+ * reset): for benchmarks and for seeing where a step's time goes. Only the
+ * steps' traffic is counted: not what compile, load, save, get_params,
+ * set_params, all_finite, evaluate or predict move. */
 typedef struct castor_run_stats {
     int64_t steps;              /* training steps counted */
     uint64_t bytes_h2d;         /* host-to-device bytes, all replicas */

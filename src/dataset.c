@@ -81,11 +81,13 @@ static int load_idx_into(castor_dataset *ds, const char *images_path, const char
     if (img.type == 0x0D || img.type == 0x0E) {
         for (size_t i = 0; i < img.count; i++) {
             if (!isfinite(img.values[i])) {
-                /* A float64 past float32's range is finite in the file. */
-                castor__errf(err, errlen, "%s: sample %zu, value %zu is %g, not a finite number%s",
-                             images_path, i / features, i % features, (double)img.values[i],
-                             img.type == 0x0E ? " in float32 (castor's type: float64 values "
-                                                "beyond +-3.4e38 do not fit)" : "");
+                /* A float64 past float32's range is finite in the file; the
+                 * file's own NaN or inf reads the same once converted. */
+                castor__errf(err, errlen, "%s: sample %zu, value %zu is %g%s, not a finite "
+                             "number%s", images_path, i / features, i % features,
+                             (double)img.values[i], img.type == 0x0E ? " as float32" : "",
+                             img.type == 0x0E ? " (a float64 value past +-3.4e38 becomes inf "
+                                                "in castor's float32)" : "");
                 castor__idx_free(&img);
                 return CASTOR_FORMAT;
             }

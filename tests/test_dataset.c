@@ -213,8 +213,8 @@ Test(dataset, load_idx_rejects_bad_labels_and_images)
     flen = support_idx_build(imgf, 0x0E, 2, fdims, f64, sizeof f64);
     support_write_in(ipf, "img-1e300", imgf, flen);
     expect_load_error(ipf, lp, CASTOR_FORMAT, ipf,
-                      "sample 1, value 0 is inf, not a finite number in float32 (castor's type: "
-                      "float64 values beyond +-3.4e38 do not fit)");
+                      "sample 1, value 0 is inf as float32, not a finite number (a float64 value "
+                      "past +-3.4e38 becomes inf in castor's float32)");
 
     /* The reader's own errors come through with the right file named. */
     char missing[SUPPORT_PATH_LEN];

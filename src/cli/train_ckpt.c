@@ -245,11 +245,16 @@ int train_report_interrupt(train_run *r)
      * the last checkpoint short. */
     g_writing = 1;
     cli_progress_finish(&r->progress);
-    if (!r->model || (!r->fitted && !r->saved)) {
+    /* Whether this run took a step: the library's stop check can end fit
+     * before its first one (fitted is set then too). */
+    int trained = r->model && r->fitted && castor_model_step(r->model) > r->step0;
+    if (!trained && !r->saved) {
         /* Nothing trained yet: a checkpoint now would be the untrained
          * model (or the one resumed from), and would stand in the way of a
          * fresh run into the directory. */
-        fprintf(stderr, "castor: interrupted before training; nothing to save\n");
+        fprintf(stderr, "castor: interrupted %s; nothing to save\n",
+                r->evaluating ? "during the test evaluation of a model this run did not train"
+                              : "before training");
         return 128 + sig;
     }
     long long step = (long long)castor_model_step(r->model);
