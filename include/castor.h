@@ -275,6 +275,13 @@ CASTOR_API int castor_model_layers_spec(const castor_model *model, char *buf, si
  * castor_model_load recovers the model. */
 CASTOR_API int castor_model_get_params(castor_model *model, float *dst, size_t count);
 CASTOR_API int castor_model_set_params(castor_model *model, const float *src, size_t count);
+/* The optimizer's learning rate, changed from the next step on (finite and
+ * > 0, else CASTOR_INVALID; before compile, CASTOR_MISUSE): a schedule set
+ * from fit's progress callback (a decay at each epoch end, say), or a
+ * resumed model trained on at another rate. Checkpoints and saves record
+ * the rate in force. */
+CASTOR_API int castor_model_set_learning_rate(castor_model *model, float learning_rate);
+CASTOR_API float castor_model_learning_rate(const castor_model *model); /* 0 before compile */
 /* *finite: 1 when every variable and every value of the optimizer state is
  * finite, 0 when one is NaN or infinite: the model has diverged, and no
  * training brings such a value back (Adam's v can overflow while the
@@ -342,7 +349,8 @@ typedef struct castor_progress {
 
 /* Return non-zero to stop training after the current step (fit then
  * returns CASTOR_INTERRUPTED with the model in a consistent state). The
- * callback may read the model (get_params, step, ...) and save it; fit,
+ * callback may read the model (get_params, step, ...), save it and set its
+ * learning rate (for the steps after this one); fit,
  * evaluate, predict, set_params and load on the same model return
  * CASTOR_MISUSE until fit returns, and freeing the model's strategy makes
  * fit stop with CASTOR_MISUSE. The datasets fit reads (training and

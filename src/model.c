@@ -461,3 +461,24 @@ size_t castor_model_device_peak_bytes(const castor_model *m)
             peak = m->strategy->devs[i]->peak;
     return peak;
 }
+
+int castor_model_set_learning_rate(castor_model *m, float learning_rate)
+{
+    if (!m)
+        return CASTOR_MISUSE;
+    if (!m->compiled)
+        return castor__model_fail(m, CASTOR_MISUSE, "set_learning_rate: the model is not "
+                                  "compiled (compile gives it its optimizer)");
+    if (!(learning_rate > 0.0f) || !isfinite(learning_rate))
+        return castor__model_fail(m, CASTOR_INVALID, "set_learning_rate: the learning rate "
+                                  "must be finite and > 0, not %g", (double)learning_rate);
+    /* Every update reads it afresh (host and devices alike): fit's progress
+     * callback runs between steps, so the next step is the first at it. */
+    m->opt.learning_rate = learning_rate;
+    return CASTOR_OK;
+}
+
+float castor_model_learning_rate(const castor_model *m)
+{
+    return m && m->compiled ? m->opt.learning_rate : 0.0f;
+}
