@@ -6,6 +6,7 @@
 #define CASTOR_TESTS_MODEL_API_SUPPORT_H
 
 #include <criterion/criterion.h>
+#include <stdlib.h>
 
 #include "castor.h"
 
@@ -34,6 +35,16 @@ static inline castor_model *compiled(castor_strategy *s, const char *layers)
     cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 3), CASTOR_OK, "%s",
                  castor_model_errmsg(m));
     return m;
+}
+
+/* The model's variables, copied into floats the caller frees. */
+static inline float *model_params(castor_model *m)
+{
+    size_t n = castor_model_num_params(m);
+    float *p = malloc(n * sizeof *p);
+    cr_assert(p);
+    cr_assert_eq(castor_model_get_params(m, p, n), CASTOR_OK, "%s", castor_model_errmsg(m));
+    return p;
 }
 
 #endif

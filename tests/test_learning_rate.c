@@ -49,15 +49,6 @@ static int halve_at_epoch_end(void *user, const castor_progress *p)
     return 0;
 }
 
-static float *params_of(castor_model *m)
-{
-    size_t n = castor_model_num_params(m);
-    float *p = malloc(n * sizeof *p);
-    cr_assert(p);
-    cr_assert_eq(castor_model_get_params(m, p, n), CASTOR_OK);
-    return p;
-}
-
 Test(learning_rate, a_schedule_from_the_callback_is_the_same_as_between_fits)
 {
     castor_dataset *ds = small_dataset();
@@ -85,7 +76,7 @@ Test(learning_rate, a_schedule_from_the_callback_is_the_same_as_between_fits)
         cr_assert_eq(castor_model_fit(sched, ds, &fo, NULL), CASTOR_OK, "%s: %s", name,
                      castor_model_errmsg(sched));
         cr_assert_eq(castor_model_learning_rate(sched), 0.05f);
-        float *want = params_of(sched);
+        float *want = model_params(sched);
         castor_model_free(sched);
 
         /* The same by hand, an epoch a fit. */
@@ -99,7 +90,7 @@ Test(learning_rate, a_schedule_from_the_callback_is_the_same_as_between_fits)
             cr_assert_eq(castor_model_set_learning_rate(hand, 0.4f / (float)(2 << e)),
                          CASTOR_OK);
         }
-        float *got = params_of(hand);
+        float *got = model_params(hand);
         size_t bytes = castor_model_num_params(hand) * sizeof(float);
         cr_assert_arr_eq(got, want, bytes, "%s: the callback's schedule is not the same", name);
         free(got);
@@ -112,7 +103,7 @@ Test(learning_rate, a_schedule_from_the_callback_is_the_same_as_between_fits)
                      CASTOR_OK);
         fo.epochs = 3;
         cr_assert_eq(castor_model_fit(constant, ds, &fo, NULL), CASTOR_OK);
-        got = params_of(constant);
+        got = model_params(constant);
         cr_assert(memcmp(got, want, bytes) != 0, "%s: the schedule changed nothing", name);
         free(got);
         free(want);

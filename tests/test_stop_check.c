@@ -77,16 +77,6 @@ Test(stop_check, evaluate_and_predict_stop_at_the_next_batch)
     castor_dataset_free(ds);
 }
 
-/* The model's variables, as floats the caller frees. */
-static float *params_of(castor_model *m)
-{
-    size_t n = castor_model_num_params(m);
-    float *p = malloc(n * sizeof *p);
-    cr_assert(p);
-    cr_assert_eq(castor_model_get_params(m, p, n), CASTOR_OK);
-    return p;
-}
-
 Test(stop_check, a_stopped_fit_goes_on_to_the_same_model)
 {
     castor_dataset *ds = small_dataset();
@@ -104,7 +94,7 @@ Test(stop_check, a_stopped_fit_goes_on_to_the_same_model)
                      castor_model_errmsg(whole));
         cr_assert_eq(never.calls, 12, "%s: one check before each step, not %d", name,
                      never.calls);
-        float *want = params_of(whole);
+        float *want = model_params(whole);
 
         /* Stopped before step 4: three steps taken, mid-epoch. */
         stopper st = {0, 4};
@@ -121,7 +111,7 @@ Test(stop_check, a_stopped_fit_goes_on_to_the_same_model)
         cr_assert_eq(castor_model_fit(m, ds, &fo, &last), CASTOR_OK, "%s: %s", name,
                      castor_model_errmsg(m));
         cr_assert_eq(castor_model_step(m), 12);
-        float *got = params_of(m);
+        float *got = model_params(m);
         cr_assert_arr_eq(got, want, castor_model_num_params(m) * sizeof(float),
                          "%s: the stopped and resumed fit ends elsewhere", name);
         free(got);
