@@ -22,7 +22,8 @@
  *     say may be NULL (an out-parameter, data, a file name, a device list, a
  *     layer spec), an empty file or directory name, or a call in the wrong
  *     order, is CASTOR_MISUSE (but see the *_parse functions); a bad value,
- *     an empty device list or layer spec among them, is CASTOR_INVALID;
+ *     an empty device list or layer spec among them (or a model compiled
+ *     with no layers), is CASTOR_INVALID;
  *   - names (strategies, activations, optimizers, losses in the CLI) are
  *     matched without regard to case (ASCII); the *_parse functions return
  *     CASTOR_INVALID for an unknown or NULL name and for a NULL out, and
@@ -82,7 +83,7 @@ typedef enum castor_status {
     CASTOR_DEVICE_MEMORY = 8,  /* the device memory budget is exceeded */
     CASTOR_UNSUPPORTED = 9,    /* not available in this build or on this machine */
     CASTOR_INTERRUPTED = 10,   /* stopped on request (progress callback, stop check) */
-    CASTOR_MISMATCH = 11       /* a file does not match the model */
+    CASTOR_MISMATCH = 11       /* data or a file does not match the model */
 } castor_status;
 
 /* A static English text for a status code; never NULL. */

@@ -266,7 +266,7 @@ static int check_checkpoint_dir(train_run *r)
     }
     if (found && !r->o.resume) {
         cli_errorf("--checkpoint-dir %s already holds checkpoints (the newest is %s): continue "
-                   "them with --resume %s, or give an empty or new directory",
+                   "them by adding --resume %s, or give an empty or new directory",
                    dir, newest, dir);
         return CLI_EXIT_USAGE;
     }

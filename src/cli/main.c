@@ -35,8 +35,9 @@ void castor_cli_usage(FILE *out)
             "  --version    print the version and exit\n"
             "\n"
             "Run 'castor <command> --help' for the flags of a command.\n"
-            "Exit status: 0 success, 1 failure, 2 usage error, 130/143/129 interrupted\n"
-            "by SIGINT/SIGTERM/SIGHUP.\n");
+            "Exit status: 0 success, 1 failure, 2 usage error; train, stopped by\n"
+            "SIGINT/SIGTERM/SIGHUP, exits 130/143/129 (the other commands are ended\n"
+            "by the signal itself).\n");
 }
 
 static void version_usage(FILE *out)

@@ -113,8 +113,9 @@ static const cli_flag train_flags[F_COUNT + 1] = {
                           "past (resumed with --resume), and one run at a time writes into\n"
                           "it: another one given DIR meanwhile is refused"},
     [F_CHECKPOINT_EVERY] = {"checkpoint-every", "N|epoch", "epoch",
-                            "a checkpoint every N optimizer steps (1 to 2147483647), or at\n"
-                            "the end of every epoch (needs --checkpoint-dir)"},
+                            "a checkpoint at every N-th optimizer step of the model (1 to\n"
+                            "2147483647; counted from its first step, a resumed run's too),\n"
+                            "or at the end of every epoch (needs --checkpoint-dir)"},
     [F_KEEP] = {"keep", "K", "3",
                 "keep the newest K checkpoints in --checkpoint-dir, 1 to 1000000: older\n"
                 "ckpt-<12 digits>.safetensors are deleted once a newer one is written,\n"
