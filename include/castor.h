@@ -120,8 +120,9 @@ typedef struct castor_strategy_options {
     /* Allow TF32 tensor-core math on CUDA devices (off: plain fp32); with
      * no CUDA device among the replicas a warning is logged. */
     int tf32;
-    /* Messages at or below this level go to log_fn; default WARN. One of
-     * the four levels (else CASTOR_INVALID): for silence, a NULL log_fn. */
+    /* Messages at or below this level go to log_fn; WARN in
+     * CASTOR_STRATEGY_OPTIONS_INIT (a zeroed struct says ERROR). One of the
+     * four levels (else CASTOR_INVALID): for silence, a NULL log_fn. */
     castor_log_level log_level;
     castor_log_fn log_fn;  /* NULL: the library stays silent */
     void *log_user;
@@ -404,7 +405,11 @@ CASTOR_API int castor_model_predict(castor_model *model, const float *x, size_t 
  * reaches the callback. It is how a signal handler or another thread stops
  * a long call: fn, called on the call's thread, reads a flag they set (a
  * volatile sig_atomic_t, or an atomic). Set it before the call; NULL fn:
- * no check (the default). */
+ * no check (the default); it stays set across compiles. fn may read the
+ * model and save it, as fit's progress callback may: fit, evaluate,
+ * predict, set_params, load and compile on the model, and splitting the
+ * data being read, are CASTOR_MISUSE from it, and freeing the model's
+ * strategy stops the call with CASTOR_MISUSE. */
 typedef int (*castor_stop_fn)(void *user);
 CASTOR_API int castor_model_set_stop_check(castor_model *model, castor_stop_fn fn, void *user);
 

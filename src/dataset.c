@@ -411,7 +411,8 @@ int castor__dataset_one_hot(castor_dataset *ds, int units)
     char *err = ds->errmsg;
     size_t errlen = sizeof ds->errmsg;
     if (atomic_load(&ds->in_use)) {
-        castor__errf(err, errlen, "one_hot: the dataset is in use by castor_model_fit");
+        castor__errf(err, errlen, "one_hot: the dataset is in use by castor_model_fit or "
+                     "evaluate");
         return CASTOR_MISUSE;
     }
     if (!ds->labels) {
@@ -495,8 +496,8 @@ CASTOR_API int castor_dataset_split_tail(castor_dataset *ds, size_t count, casto
     *tail = NULL;
     if (atomic_load(&ds->in_use)) {
         castor__errf(ds->errmsg, sizeof ds->errmsg,
-                     "split_tail: the dataset is in use by castor_model_fit, whose progress "
-                     "callback may read it, not change it");
+                     "split_tail: the dataset is in use by castor_model_fit or evaluate, whose "
+                     "progress callback and stop check may read it, not change it");
         return CASTOR_MISUSE;
     }
     if (count == 0 || count >= ds->n) {

@@ -55,11 +55,14 @@ int castor__model_ready(castor_model *m, const char *what)
 
 int castor__model_not_fitting(castor_model *m, const char *what)
 {
-    if (m->fitting)
+    if (m->running)
         return castor__model_fail(m, CASTOR_MISUSE,
-                                  "%s: called from inside fit's progress callback (the callback "
-                                  "may read and save the model, not run or change it)",
-                                  what);
+                                  "%s: called from inside %s, from its %s (which may read and "
+                                  "save the model, not run or change it)",
+                                  what, m->running,
+                                  strcmp(m->running, "fit") == 0
+                                      ? "progress callback or stop check"
+                                      : "stop check");
     return CASTOR_OK;
 }
 

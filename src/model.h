@@ -84,9 +84,10 @@ struct castor_model {
      * cannot roll back (mirrored): the replicas may disagree. */
     int inconsistent;
 
-    /* Inside castor_model_fit: its progress callback may read and save the
-     * model, not run, change or reload it under the running loop. */
-    int fitting;
+    /* "fit", "evaluate" or "predict" while one runs, else NULL: its
+     * progress callback and stop check may read and save the model, not
+     * run, change or reload it under the running loop. */
+    const char *running;
 
     /* castor_model_set_stop_check's: polled between batches and steps. */
     castor_stop_fn stop_check;
@@ -105,7 +106,8 @@ int castor__model_fail(castor_model *m, int code, const char *fmt, ...)
 int castor__model_host_nonfinite(const castor_model *m);
 /* Checks shared by fit/evaluate/predict: compiled, consistent. */
 int castor__model_ready(castor_model *m, const char *what);
-/* CASTOR_MISUSE, said on m, when called from fit's progress callback. */
+/* CASTOR_MISUSE, said on m, when called from inside fit, evaluate or
+ * predict (their progress callback or stop check). */
 int castor__model_not_fitting(castor_model *m, const char *what);
 /* Undo compile: the replicas and host buffers freed, the strategy free for
  * another model; the layers and the message stay. */

@@ -103,10 +103,21 @@ static int check_batch(castor_model *m, int batch, const char *what)
     return CASTOR_OK;
 }
 
-/* Whether the caller's stop check asks to stop now. */
-static int stop_asked(const castor_model *m)
+/* The caller's stop check, asked before a batch or step: 0 to go on, 1 to
+ * stop (CASTOR_INTERRUPTED, said by the caller), -1 when the check freed
+ * the model's strategy (said here: nothing of the model's devices may be
+ * touched any more, and going on crashed). */
+static int stop_asked(castor_model *m)
 {
-    return m->stop_check && m->stop_check(m->stop_user);
+    if (!m->stop_check)
+        return 0;
+    int stop = m->stop_check(m->stop_user) != 0;
+    if (!m->strategy) {
+        castor__model_fail(m, CASTOR_MISUSE, "%s: the strategy was freed during the stop check",
+                           m->running ? m->running : "fit");
+        return -1;
+    }
+    return stop;
 }
 
 /* can_stop: the public evaluate (fit's validation pass runs whole). */
@@ -122,9 +133,11 @@ static int evaluate(castor_model *m, const castor_dataset *ds, int batch, castor
     }
     double loss = 0, correct = 0;
     for (size_t first = 0; first < ds->n && !rc; first += (size_t)rows) {
-        if (can_stop && stop_asked(m)) {
-            rc = castor__model_fail(m, CASTOR_INTERRUPTED, "evaluate: stopped after %zu of %zu "
-                                    "samples", first, ds->n);
+        int stop = can_stop ? stop_asked(m) : 0;
+        if (stop) {
+            rc = stop < 0 ? CASTOR_MISUSE
+                          : castor__model_fail(m, CASTOR_INTERRUPTED, "evaluate: stopped after "
+                                               "%zu of %zu samples", first, ds->n);
             break;
         }
         int n = (int)((ds->n - first) < (size_t)rows ? ds->n - first : (size_t)rows);
@@ -156,7 +169,13 @@ int castor_model_evaluate(castor_model *m, const castor_dataset *ds, int batch,
         (rc = castor__model_ready(m, "evaluate")) || (rc = check_data(m, ds, "evaluate")) ||
         (rc = check_batch(m, batch, "evaluate")))
         return rc;
-    return evaluate(m, ds, batch, out, 1);
+    /* Its stop check may read the model and the data, not change them. */
+    m->running = "evaluate";
+    atomic_fetch_add(&((castor_dataset *)ds)->in_use, 1);
+    rc = evaluate(m, ds, batch, out, 1);
+    atomic_fetch_sub(&((castor_dataset *)ds)->in_use, 1);
+    m->running = NULL;
+    return rc;
 }
 
 int castor_model_predict(castor_model *m, const float *x, size_t n, int batch, float *out)
@@ -191,10 +210,13 @@ int castor_model_predict(castor_model *m, const float *x, size_t n, int batch, f
         staging_free(&st);
         return castor__model_fail(m, CASTOR_NOMEM, "predict: out of host memory");
     }
+    m->running = "predict";  /* its stop check may read the model, not change it */
     for (size_t first = 0; first < n && !rc; first += (size_t)rows) {
-        if (stop_asked(m)) {
-            rc = castor__model_fail(m, CASTOR_INTERRUPTED, "predict: stopped after %zu of %zu "
-                                    "samples", first, n);
+        int stop = stop_asked(m);
+        if (stop) {
+            rc = stop < 0 ? CASTOR_MISUSE
+                          : castor__model_fail(m, CASTOR_INTERRUPTED, "predict: stopped after "
+                                               "%zu of %zu samples", first, n);
             break;
         }
         int k = (int)((n - first) < (size_t)rows ? n - first : (size_t)rows);
@@ -206,6 +228,7 @@ int castor_model_predict(castor_model *m, const float *x, size_t n, int batch, f
         castor__batch_stats s;
         rc = castor__forward_batch(m, &b, out + first * outputs, &s);
     }
+    m->running = NULL;
     castor__host_free(&zeros);
     staging_free(&st);
     return rc;
@@ -287,13 +310,6 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
                                   "fit: the model is at step %lld of an epoch of %lld steps; "
                                   "is this the dataset it was trained on?",
                                   (long long)m->step_in_epoch, (long long)steps_per_epoch);
-    /* What the model is trained on, for its checkpoints (data from memory
-     * has no shape: what an IDX set said is kept). */
-    if (train->sample_rank > 0) {
-        m->in_type = train->idx_type;
-        m->in_rank = train->sample_rank;
-        memcpy(m->in_dims, train->sample_dims, sizeof m->in_dims);
-    }
     int rows = (size_t)o->batch_size < train->n ? o->batch_size : (int)train->n;
     staging st;
     uint32_t *perm = malloc(train->n * sizeof *perm);
@@ -313,7 +329,7 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
         free(perm);
         return rc;
     }
-    m->fitting = 1;
+    m->running = "fit";
     datasets_in_use(train, o, 1);
     double t0 = castor__now();
     int64_t steps_done = 0;
@@ -323,8 +339,10 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
     for (int e = 0; e < o->epochs && !rc && !stop; e++) {
         /* Asked before the epoch is set up: a fit stopped before its first
          * step must not record this call's batch size as the epoch's. */
-        if (stop_asked(m)) {
-            stop = asked_to_stop = 1;
+        int asked = stop_asked(m);
+        if (asked) {
+            rc = asked < 0 ? CASTOR_MISUSE : CASTOR_OK;
+            stop = asked_to_stop = asked > 0;
             break;
         }
         castor__rng rng;
@@ -339,9 +357,11 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
         m->epoch_shuffle = !!o->shuffle;
         double loss = 0, correct = 0;
         size_t seen = 0;
-        for (int asked = 1; m->step_in_epoch < steps_per_epoch; asked = 0) {
-            if (!asked && stop_asked(m)) {  /* the epoch's first: asked above */
-                stop = asked_to_stop = 1;
+        for (int first_of_epoch = 1; m->step_in_epoch < steps_per_epoch; first_of_epoch = 0) {
+            asked = first_of_epoch ? 0 : stop_asked(m);  /* the first: asked above */
+            if (asked) {
+                rc = asked < 0 ? CASTOR_MISUSE : CASTOR_OK;
+                stop = asked_to_stop = asked > 0;
                 break;
             }
             size_t first = (size_t)m->step_in_epoch * (size_t)o->batch_size;
@@ -351,7 +371,15 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
             if ((rc = castor__train_step(m, &b, &s)))
                 break;
             m->step_in_epoch++;
-            steps_done++;
+            /* What the model is trained on, for its checkpoints, once it is
+             * (data from memory has no shape: what an IDX set said is
+             * kept). Recorded at fit's start, it changed with a fit that
+             * trained nothing: stopped, or refused the devices' room. */
+            if (steps_done++ == 0 && train->sample_rank > 0) {
+                m->in_type = train->idx_type;
+                m->in_rank = train->sample_rank;
+                memcpy(m->in_dims, train->sample_dims, sizeof m->in_dims);
+            }
             loss += s.loss_sum;
             correct += s.correct;
             seen += (size_t)s.rows;
@@ -397,7 +425,7 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
                 break;
         }
     }
-    m->fitting = 0;
+    m->running = NULL;
     datasets_in_use(train, o, -1);
     staging_free(&st);
     free(perm);

@@ -6,12 +6,14 @@
  */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "castor.h"
 #include "model_api_support.h"
 #include "src/model.h"
+#include "support.h"
 
 /* Says stop from its stop_at-th call on (0: never). */
 typedef struct stopper {
@@ -199,4 +201,132 @@ Test(stop_check, a_fit_stopped_before_its_first_step_changes_nothing)
     castor_model_free(m);
     castor_strategy_free(s);
     castor_dataset_free(ds);
+}
+
+/* A stop check that calls back into castor: frees the strategy, or tries
+ * what it may not. */
+typedef struct meddler {
+    castor_model *m;
+    castor_strategy *s;
+    castor_dataset *ds;
+    int free_strategy, calls, refused;
+} meddler;
+
+static int meddle(void *user)
+{
+    meddler *d = user;
+    if (d->calls++ != 1)  /* the second check: a batch or step has run */
+        return 0;
+    if (d->free_strategy) {
+        castor_strategy_free(d->s);
+        d->s = NULL;
+        return 0;
+    }
+    size_t n = castor_model_num_params(d->m);
+    float *p = calloc(n, sizeof *p);
+    cr_assert(p);
+    castor_metrics met;
+    castor_dataset *tail = NULL;
+    d->refused += castor_model_set_params(d->m, p, n) == CASTOR_MISUSE;
+    d->refused += castor_model_evaluate(d->m, d->ds, 16, &met) == CASTOR_MISUSE;
+    d->refused += castor_dataset_split_tail(d->ds, 8, &tail) == CASTOR_MISUSE;
+    free(p);
+    return 0;
+}
+
+Test(stop_check, a_check_that_frees_the_strategy_stops_the_call)
+{
+    /* fit, evaluate and predict went on to the freed runtime: a crash. */
+    castor_dataset *ds = small_dataset();
+    float x[N * F], out[N * 3];
+    memcpy(x, castor_dataset_x(ds), sizeof x);
+    for (int call = 0; call < 3; call++) {
+        meddler d = {NULL, NULL, ds, 1, 0, 0};
+        cr_assert_eq(castor_strategy_create(&d.s, CASTOR_STRATEGY_MIRRORED, "cpu:2", NULL),
+                     CASTOR_OK);
+        d.m = compiled(d.s, "8:relu,3");
+        cr_assert_eq(castor_model_set_stop_check(d.m, meddle, &d), CASTOR_OK);
+        castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+        fo.batch_size = 16;
+        castor_metrics met;
+        int rc = call == 0   ? castor_model_fit(d.m, ds, &fo, NULL)
+                 : call == 1 ? castor_model_evaluate(d.m, ds, 16, &met)
+                             : castor_model_predict(d.m, x, N, 16, out);
+        const char *what[] = {"fit", "evaluate", "predict"};
+        cr_assert_eq(rc, CASTOR_MISUSE, "%s: %d", what[call], rc);
+        char want[96];
+        snprintf(want, sizeof want, "%s: the strategy was freed during the stop check",
+                 what[call]);
+        cr_assert_str_eq(castor_model_errmsg(d.m), want);
+        cr_assert_eq(castor_model_evaluate(d.m, ds, 16, &met), CASTOR_MISUSE, "detached");
+        castor_model_free(d.m);
+    }
+    castor_dataset_free(ds);
+}
+
+Test(stop_check, evaluate_and_predict_refuse_changes_from_their_check)
+{
+    /* From evaluate's check, set_params went through: the metrics mixed
+     * the batches of two models. */
+    castor_dataset *ds = small_dataset();
+    float x[N * F], out[N * 3];
+    memcpy(x, castor_dataset_x(ds), sizeof x);
+    meddler d = {NULL, NULL, ds, 0, 0, 0};
+    cr_assert_eq(castor_strategy_create(&d.s, CASTOR_STRATEGY_CENTRAL, "cpu:2", NULL), CASTOR_OK);
+    d.m = compiled(d.s, "8:relu,3");
+    castor_metrics whole, met;
+    cr_assert_eq(castor_model_evaluate(d.m, ds, 16, &whole), CASTOR_OK);
+    cr_assert_eq(castor_model_set_stop_check(d.m, meddle, &d), CASTOR_OK);
+    cr_assert_eq(castor_model_evaluate(d.m, ds, 16, &met), CASTOR_OK, "%s",
+                 castor_model_errmsg(d.m));
+    cr_assert_eq(d.refused, 3, "evaluate's check: %d of 3 refused", d.refused);
+    cr_assert(met.loss == whole.loss, "the model changed under evaluate: %g, not %g", met.loss,
+              whole.loss);
+    cr_assert(strstr(castor_model_errmsg(d.m), "called from inside evaluate, from its stop "
+                                                "check"),
+              "%s", castor_model_errmsg(d.m));
+    d.calls = d.refused = 0;
+    cr_assert_eq(castor_model_predict(d.m, x, N, 16, out), CASTOR_OK, "%s",
+                 castor_model_errmsg(d.m));
+    cr_assert_eq(d.refused, 2, "predict's check: %d of 2 refused (the data is the caller's)",
+                 d.refused);
+    castor_model_free(d.m);
+    castor_strategy_free(d.s);
+    castor_dataset_free(ds);
+}
+
+Test(stop_check, a_fit_that_trains_nothing_keeps_the_data_kind, .init = support_dir_init,
+     .fini = support_dir_fini)
+{
+    /* The kind of data a model is trained on (IDX type and sample shape)
+     * goes into its checkpoints; a fit stopped before its first step took
+     * its data's, and the CLI then refused the model's own data. */
+    unsigned char img[64 + N * F], lab[64 + N];
+    uint32_t idims[3] = {N, 2, 3}, ldims[1] = {N};
+    unsigned char labels[N];
+    for (int i = 0; i < N; i++)
+        labels[i] = (unsigned char)(i % 3);
+    char ip[SUPPORT_PATH_LEN], lp[SUPPORT_PATH_LEN];
+    support_write_in(ip, "img", img, support_idx_build_ubyte(img, 3, idims, N * F));
+    support_write_in(lp, "lab", lab, support_idx_build(lab, 0x08, 1, ldims, labels, N));
+    castor_dataset *idx = NULL;
+    cr_assert_eq(castor_dataset_load_idx(&idx, ip, lp), CASTOR_OK, "%s",
+                 castor_dataset_errmsg(idx));
+    stopper st = {0, 1};
+    castor_strategy *s = NULL;
+    castor_model *m = stoppable(&s, CASTOR_STRATEGY_CENTRAL, &st);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.batch_size = 16;
+    cr_assert_eq(castor_model_fit(m, idx, &fo, NULL), CASTOR_INTERRUPTED);
+    cr_assert_eq(m->in_rank, 0, "a fit that trained nothing recorded a %dx%d sample shape",
+                 m->in_dims[0], m->in_dims[1]);
+    st = (stopper){0, 0};
+    fo.max_steps = 1;
+    cr_assert_eq(castor_model_fit(m, idx, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m));
+    cr_assert(m->in_rank == 2 && m->in_dims[0] == 2 && m->in_dims[1] == 3 && m->in_type == 0x08,
+              "one step records the data's kind: rank %d, %ux%u, type %d", m->in_rank,
+              m->in_dims[0], m->in_dims[1], m->in_type);
+    castor_model_free(m);
+    castor_strategy_free(s);
+    castor_dataset_free(idx);
 }
