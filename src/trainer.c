@@ -120,6 +120,18 @@ static int stop_asked(castor_model *m)
     return stop;
 }
 
+/* evaluate's and predict's stop check, before the batch at sample first of
+ * n: the status to stop with, said on m, or 0 to go on. */
+static int batch_stop(castor_model *m, const char *what, size_t first, size_t n)
+{
+    int stop = stop_asked(m);
+    if (stop < 0)
+        return CASTOR_MISUSE;
+    return stop ? castor__model_fail(m, CASTOR_INTERRUPTED, "%s: stopped after %zu of %zu "
+                                     "samples", what, first, n)
+                : CASTOR_OK;
+}
+
 /* can_stop: the public evaluate (fit's validation pass runs whole). */
 static int evaluate(castor_model *m, const castor_dataset *ds, int batch, castor_metrics *out,
                     int can_stop)
@@ -133,13 +145,8 @@ static int evaluate(castor_model *m, const castor_dataset *ds, int batch, castor
     }
     double loss = 0, correct = 0;
     for (size_t first = 0; first < ds->n && !rc; first += (size_t)rows) {
-        int stop = can_stop ? stop_asked(m) : 0;
-        if (stop) {
-            rc = stop < 0 ? CASTOR_MISUSE
-                          : castor__model_fail(m, CASTOR_INTERRUPTED, "evaluate: stopped after "
-                                               "%zu of %zu samples", first, ds->n);
+        if (can_stop && (rc = batch_stop(m, "evaluate", first, ds->n)))
             break;
-        }
         int n = (int)((ds->n - first) < (size_t)rows ? ds->n - first : (size_t)rows);
         castor__batch b = gather(&st, ds, NULL, first, n);
         castor__batch_stats s;
@@ -212,13 +219,8 @@ int castor_model_predict(castor_model *m, const float *x, size_t n, int batch, f
     }
     m->running = "predict";  /* its stop check may read the model, not change it */
     for (size_t first = 0; first < n && !rc; first += (size_t)rows) {
-        int stop = stop_asked(m);
-        if (stop) {
-            rc = stop < 0 ? CASTOR_MISUSE
-                          : castor__model_fail(m, CASTOR_INTERRUPTED, "predict: stopped after "
-                                               "%zu of %zu samples", first, n);
+        if ((rc = batch_stop(m, "predict", first, n)))
             break;
-        }
         int k = (int)((n - first) < (size_t)rows ? n - first : (size_t)rows);
         castor__batch b = gather(&st, &view, NULL, first, k);
         if (mse)
@@ -232,6 +234,23 @@ int castor_model_predict(castor_model *m, const float *x, size_t n, int batch, f
     castor__host_free(&zeros);
     staging_free(&st);
     return rc;
+}
+
+/* The order of the epoch's samples (seeded by the epoch: a resumed run
+ * draws the same), and what the model records of it for its checkpoints. */
+static void start_epoch(castor_model *m, const castor_dataset *train,
+                        const castor_fit_options *o, uint32_t *perm)
+{
+    castor__rng rng;
+    castor__rng_seed(&rng, m->seed, CASTOR_RNG_SHUFFLE, (uint64_t)m->epoch);
+    if (o->shuffle)
+        castor__rng_permutation(&rng, perm, train->n);
+    else
+        for (size_t i = 0; i < train->n; i++)
+            perm[i] = (uint32_t)i;
+    m->epoch_batch = o->batch_size;
+    m->epoch_samples = train->n;
+    m->epoch_shuffle = !!o->shuffle;
 }
 
 /* Mark fit's datasets read (delta 1) or no longer (-1). Every dataset is
@@ -334,36 +353,23 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
     double t0 = castor__now();
     int64_t steps_done = 0;
     castor_metrics epoch_metrics = {NAN, NAN, 0};
-    int stop = 0;           /* max_steps reached, or the callback asked */
-    int asked_to_stop = 0;  /* the callback asked: CASTOR_INTERRUPTED */
+    int stop = 0;           /* max_steps reached, or the callback or stop check asked */
+    int asked_to_stop = 0;  /* the callback or stop check asked: CASTOR_INTERRUPTED */
     for (int e = 0; e < o->epochs && !rc && !stop; e++) {
-        /* Asked before the epoch is set up: a fit stopped before its first
-         * step must not record this call's batch size as the epoch's. */
-        int asked = stop_asked(m);
-        if (asked) {
-            rc = asked < 0 ? CASTOR_MISUSE : CASTOR_OK;
-            stop = asked_to_stop = asked > 0;
-            break;
-        }
-        castor__rng rng;
-        castor__rng_seed(&rng, m->seed, CASTOR_RNG_SHUFFLE, (uint64_t)m->epoch);
-        if (o->shuffle)
-            castor__rng_permutation(&rng, perm, train->n);
-        else
-            for (size_t i = 0; i < train->n; i++)
-                perm[i] = (uint32_t)i;
-        m->epoch_batch = o->batch_size;
-        m->epoch_samples = train->n;
-        m->epoch_shuffle = !!o->shuffle;
         double loss = 0, correct = 0;
         size_t seen = 0;
         for (int first_of_epoch = 1; m->step_in_epoch < steps_per_epoch; first_of_epoch = 0) {
-            asked = first_of_epoch ? 0 : stop_asked(m);  /* the first: asked above */
+            /* Asked before the epoch is set up too: a fit stopped before its
+             * first step must not record this call's batch size as the
+             * epoch's. */
+            int asked = stop_asked(m);
             if (asked) {
                 rc = asked < 0 ? CASTOR_MISUSE : CASTOR_OK;
                 stop = asked_to_stop = asked > 0;
                 break;
             }
+            if (first_of_epoch)
+                start_epoch(m, train, o, perm);
             size_t first = (size_t)m->step_in_epoch * (size_t)o->batch_size;
             int n = (int)((train->n - first) < (size_t)rows ? train->n - first : (size_t)rows);
             castor__batch b = gather(&st, train, perm, first, n);
