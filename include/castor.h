@@ -283,7 +283,8 @@ CASTOR_API int castor_model_set_params(castor_model *model, const float *src, si
  * resumed model trained on at another rate. Checkpoints and saves record
  * the rate in force. */
 CASTOR_API int castor_model_set_learning_rate(castor_model *model, float learning_rate);
-CASTOR_API float castor_model_learning_rate(const castor_model *model); /* 0 before compile */
+/* 0 when not compiled (before compile, or after its strategy was freed). */
+CASTOR_API float castor_model_learning_rate(const castor_model *model);
 /* *finite: 1 when every variable and every value of the optimizer state is
  * finite, 0 when one is NaN or infinite: the model has diverged, and no
  * training brings such a value back (Adam's v can overflow while the
@@ -352,7 +353,7 @@ typedef struct castor_progress {
 /* Return non-zero to stop training after the current step (fit then
  * returns CASTOR_INTERRUPTED with the model in a consistent state). The
  * callback may read the model (get_params, step, ...), save it and set its
- * learning rate (for the steps after this one); fit,
+ * learning rate (for the steps after this one); compile, fit,
  * evaluate, predict, set_params and load on the same model return
  * CASTOR_MISUSE until fit returns, and freeing the model's strategy makes
  * fit stop with CASTOR_MISUSE. The datasets fit reads (training and
@@ -408,8 +409,8 @@ CASTOR_API int castor_model_predict(castor_model *model, const float *x, size_t 
  * no check (the default); it stays set across compiles. fn may read the
  * model and save it, as fit's progress callback may: fit, evaluate,
  * predict, set_params, load and compile on the model, and splitting the
- * data being read, are CASTOR_MISUSE from it, and freeing the model's
- * strategy stops the call with CASTOR_MISUSE. */
+ * data being read, are CASTOR_MISUSE from it; the data must not be freed;
+ * freeing the model's strategy stops the call with CASTOR_MISUSE. */
 typedef int (*castor_stop_fn)(void *user);
 CASTOR_API int castor_model_set_stop_check(castor_model *model, castor_stop_fn fn, void *user);
 

@@ -58,7 +58,8 @@ int castor__model_not_fitting(castor_model *m, const char *what)
     if (m->running)
         return castor__model_fail(m, CASTOR_MISUSE,
                                   "%s: called from inside %s, from its %s (which may read and "
-                                  "save the model, not run or change it)",
+                                  "save the model and set its learning rate, not run or "
+                                  "change it otherwise)",
                                   what, m->running,
                                   strcmp(m->running, "fit") == 0
                                       ? "progress callback or stop check"

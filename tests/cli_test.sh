@@ -2072,6 +2072,48 @@ else
         "$(tail -n 3 "$T/err")"
 fi
 
+# A signal after the test evaluation's last stop check (any time in a
+# one-batch evaluation: --batch at least the test set) stopped nothing: the
+# results were printed and the run exited 0, as if no signal had come; a
+# scheduler's SIGTERM read as a run that ended by itself.
+LE=$T/one-batch-eval
+mkdir -p "$LE"
+python3 - "$LE" <<'EOF'
+import random, struct, sys
+rng = random.Random(8)
+for prefix, n in (("train", 200), ("t10k", 20000)):
+    with open(f"{sys.argv[1]}/{prefix}-images-idx3-ubyte", "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, n, 28, 28) + rng.randbytes(n * 784))
+    with open(f"{sys.argv[1]}/{prefix}-labels-idx1-ubyte", "wb") as f:
+        f.write(struct.pack(">II", 0x801, n) + bytes(rng.randrange(10) for _ in range(n)))
+EOF
+: >"$T/err"
+"$BIN" train --data "$LE" --layers 2048:relu,2048:relu,10 --epochs 1 --batch 20000 --verbose \
+    --save "$T/one-batch.safetensors" >"$T/out" 2>"$T/err" &
+BGPID=$!
+waited=0
+while ! grep -q '^castor: saved ' "$T/err" 2>/dev/null; do
+    if ! kill -0 "$BGPID" 2>/dev/null || [[ $waited -ge 600 ]]; then break; fi
+    sleep 0.1
+    waited=$((waited + 1))
+done
+sleep 0.3
+sent=0
+kill -TERM "$BGPID" 2>/dev/null && sent=1
+wait_at_most "$BGPID" 60
+BGPID=""
+rm -rf "$LE"
+if [[ $sent -eq 0 ]]; then
+    ok "SIGTERM in a one-batch test evaluation: skipped (the run ended before the signal)"
+elif [[ $rc -eq 143 ]] && grep -q '^test: ' "$T/out" &&
+    grep -qx "castor: interrupted after the test evaluation's last batch; the results are whole" \
+        "$T/err"; then
+    ok "SIGTERM in a one-batch test evaluation -> the results, then 143"
+else
+    bad "SIGTERM in a one-batch test evaluation: status $rc (want 143 after the results)" \
+        "$(cat "$T/out"; tail -n 3 "$T/err")"
+fi
+
 # ---- a signal before training writes no checkpoint ---------------------------------------
 # (it wrote the untrained model as ckpt-000000000000, and a fresh run into the
 # directory was then refused). The data takes a moment to load: the signal

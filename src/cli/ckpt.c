@@ -377,8 +377,11 @@ int cli_ckpt_read_meta(const char *path, cli_ckpt_meta *out, char *err, size_t e
     return rc;
 }
 
-/* What differs between two checkpoints' runs, or NULL: the settings a run
- * keeps from its first step to its last. */
+/* What differs between two checkpoints' runs, or NULL: the settings a CLI
+ * run keeps from its first step to its last. The learning rate is one (the
+ * CLI never changes it): a program that changes it with
+ * castor_model_set_learning_rate writes checkpoints the CLI takes for
+ * another run's. */
 static const char *run_differs(const cli_ckpt_meta *a, const cli_ckpt_meta *b)
 {
     if (a->seed != b->seed)

@@ -548,7 +548,8 @@ static int evaluate(train_run *r)
         return cli_exit_for(rc);
     }
     /* A signal after the last batch's check stops nothing: the results are
-     * whole, and printed (they were thrown away, the run said interrupted). */
+     * whole, and printed (they were thrown away, the run said interrupted);
+     * the run's status says it came (castor_cli_train). */
     return 0;
 }
 
@@ -591,6 +592,15 @@ int castor_cli_train(int argc, char **argv)
         (rc = prepare_outputs(&run)) == 0 && (rc = fit(&run)) == 0 && (rc = save(&run)) == 0 &&
         (rc = evaluate(&run)) == 0)
         rc = train_report(&run);
+    /* A signal after the test evaluation's last stop check (any time in a
+     * one-batch evaluation) stopped nothing: the results are whole and
+     * printed, and the status still says a signal came, so that a
+     * scheduler's SIGTERM does not read as a run that ended by itself. */
+    if (rc == 0 && train_stop_signal()) {
+        fprintf(stderr, "castor: interrupted after the test evaluation's last batch; the "
+                        "results are whole\n");
+        rc = 128 + train_stop_signal();
+    }
     /* A run that failed or was stopped before its first checkpoint leaves
      * no empty --checkpoint-dir of its own making behind. */
     if (rc != 0 && run.o.checkpoint_dir)
