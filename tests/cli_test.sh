@@ -2030,39 +2030,48 @@ else
 fi
 
 # ---- a signal during the test evaluation stops it at its next batch ------------------------
-# Training was over: the evaluation ran to its end (minutes on a big test
-# set: a scheduler's whole SIGTERM grace period) and its results were then
-# thrown away, with "interrupted after step 2" as if training had been cut.
-# 80000 test samples through 2048:relu,2048:relu,10 take about 10 s on the
-# 2-core dev box; stopped, castor is gone within a batch (~20 ms).
-LE=$T/long-eval
-mkdir -p "$LE"
-python3 - "$LE" <<'EOF'
+# sigterm_in_eval NAME TEST_SAMPLES BATCH: trains 2048:relu,2048:relu,10 for
+# one epoch on 200 random samples with --save, and sends SIGTERM 0.3 s after
+# the save, inside the evaluation of TEST_SAMPLES samples in batches of
+# BATCH; sets rc, sent (0: the run had ended before) and took (ms from the
+# signal to the end).
+sigterm_in_eval() {
+    local name=$1 samples=$2 batch=$3 dir=$T/$1
+    mkdir -p "$dir"
+    python3 - "$dir" "$samples" <<'EOF'
 import random, struct, sys
 rng = random.Random(7)
-for prefix, n in (("train", 200), ("t10k", 80000)):
+for prefix, n in (("train", 200), ("t10k", int(sys.argv[2]))):
     with open(f"{sys.argv[1]}/{prefix}-images-idx3-ubyte", "wb") as f:
         f.write(struct.pack(">IIII", 0x803, n, 28, 28) + rng.randbytes(n * 784))
     with open(f"{sys.argv[1]}/{prefix}-labels-idx1-ubyte", "wb") as f:
         f.write(struct.pack(">II", 0x801, n) + bytes(rng.randrange(10) for _ in range(n)))
 EOF
-: >"$T/err"
-"$BIN" train --data "$LE" --layers 2048:relu,2048:relu,10 --epochs 1 --batch 100 --verbose \
-    --save "$T/long-eval.safetensors" >"$T/out" 2>"$T/err" &
-BGPID=$!
-waited=0
-while ! grep -q '^castor: saved ' "$T/err" 2>/dev/null; do
-    if ! kill -0 "$BGPID" 2>/dev/null || [[ $waited -ge 600 ]]; then break; fi
-    sleep 0.1
-    waited=$((waited + 1))
-done
-sleep 0.3
-start=$(date +%s%N)
-kill -TERM "$BGPID" 2>/dev/null
-wait_at_most "$BGPID" 60
-BGPID=""
-took=$((($(date +%s%N) - start) / 1000000))
-rm -rf "$LE"
+    : >"$T/err"
+    "$BIN" train --data "$dir" --layers 2048:relu,2048:relu,10 --epochs 1 --batch "$batch" \
+        --verbose --save "$T/$name.safetensors" >"$T/out" 2>"$T/err" &
+    BGPID=$!
+    local waited=0 start
+    while ! grep -q '^castor: saved ' "$T/err" 2>/dev/null; do
+        if ! kill -0 "$BGPID" 2>/dev/null || [[ $waited -ge 600 ]]; then break; fi
+        sleep 0.1
+        waited=$((waited + 1))
+    done
+    sleep 0.3
+    start=$(date +%s%N)
+    sent=0
+    kill -TERM "$BGPID" 2>/dev/null && sent=1
+    wait_at_most "$BGPID" 60
+    BGPID=""
+    took=$((($(date +%s%N) - start) / 1000000))
+    rm -rf "$dir"
+}
+# Training was over: the evaluation ran to its end (minutes on a big test
+# set: a scheduler's whole SIGTERM grace period) and its results were then
+# thrown away, with "interrupted after step 2" as if training had been cut.
+# 80000 test samples take about 10 s on the 2-core dev box; stopped, castor
+# is gone within a batch of 100 (~20 ms).
+sigterm_in_eval long-eval 80000 100
 want="castor: interrupted during the test evaluation, after training to step 2; the model is \
 saved in $T/long-eval.safetensors"
 if [[ $rc -eq 143 && $took -lt 3000 && ! -s "$T/out" ]] && grep -qxF "$want" "$T/err"; then
@@ -2071,38 +2080,11 @@ else
     bad "SIGTERM in the test evaluation: status $rc after $took ms (want 143 within 3 s)" \
         "$(tail -n 3 "$T/err")"
 fi
-
-# A signal after the test evaluation's last stop check (any time in a
-# one-batch evaluation: --batch at least the test set) stopped nothing: the
-# results were printed and the run exited 0, as if no signal had come; a
+# A signal after the evaluation's last stop check (any time in a one-batch
+# evaluation: --batch at least the test set) stopped nothing: the results
+# were printed and the run exited 0, as if no signal had come; a
 # scheduler's SIGTERM read as a run that ended by itself.
-LE=$T/one-batch-eval
-mkdir -p "$LE"
-python3 - "$LE" <<'EOF'
-import random, struct, sys
-rng = random.Random(8)
-for prefix, n in (("train", 200), ("t10k", 20000)):
-    with open(f"{sys.argv[1]}/{prefix}-images-idx3-ubyte", "wb") as f:
-        f.write(struct.pack(">IIII", 0x803, n, 28, 28) + rng.randbytes(n * 784))
-    with open(f"{sys.argv[1]}/{prefix}-labels-idx1-ubyte", "wb") as f:
-        f.write(struct.pack(">II", 0x801, n) + bytes(rng.randrange(10) for _ in range(n)))
-EOF
-: >"$T/err"
-"$BIN" train --data "$LE" --layers 2048:relu,2048:relu,10 --epochs 1 --batch 20000 --verbose \
-    --save "$T/one-batch.safetensors" >"$T/out" 2>"$T/err" &
-BGPID=$!
-waited=0
-while ! grep -q '^castor: saved ' "$T/err" 2>/dev/null; do
-    if ! kill -0 "$BGPID" 2>/dev/null || [[ $waited -ge 600 ]]; then break; fi
-    sleep 0.1
-    waited=$((waited + 1))
-done
-sleep 0.3
-sent=0
-kill -TERM "$BGPID" 2>/dev/null && sent=1
-wait_at_most "$BGPID" 60
-BGPID=""
-rm -rf "$LE"
+sigterm_in_eval one-batch 20000 20000
 if [[ $sent -eq 0 ]]; then
     ok "SIGTERM in a one-batch test evaluation: skipped (the run ended before the signal)"
 elif [[ $rc -eq 143 ]] && grep -q '^test: ' "$T/out" &&
