@@ -174,6 +174,7 @@ castor__optim_consts castor__optim_consts_make(const castor_optimizer *opt, int6
         .one_minus_b2 = (float)(1.0 - (double)opt->beta2),
         .alpha = (float)(lr * sqrt(1.0 - pow(opt->beta2, t)) / (1.0 - pow(opt->beta1, t))),
         .eps = opt->epsilon,
+        .adam_state_floor = castor__adam_state_floor(opt->epsilon),
         .lr_wd = (float)(lr * (double)opt->weight_decay),
     };
     return c;

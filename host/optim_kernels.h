@@ -25,12 +25,30 @@
  * later update read and wrote subnormals, which x86 cores handle in
  * microcode: the host update of a model whose dead units held 70% of its
  * state ran 1.8 times slower on an EPYC, much more on most Intel cores.
- * What is dropped is below 1.2e-38, which no variable's update can show.
- * Compiles to a compare and a mask: the loops still vectorise. The CUDA
- * kernels (device/cuda/optimizer.cu) flush alike. */
+ * What is dropped is below 1.2e-38: a velocity that small moves no
+ * variable, and Adam's sqrt(v) < 2^-63 vanishes next to an epsilon of at
+ * least 2^-39 (half an ulp of it). Adam with a smaller epsilon keeps its
+ * subnormal state (castor__adam_state_floor), since there the flush would
+ * divide m by epsilon alone: one step with epsilon 1e-30 and a gradient of
+ * 2e-19 moved a variable by 6e6 instead of 1e-3. Compiles to a compare and
+ * a mask: the loops still vectorise. The CUDA kernels
+ * (device/cuda/optimizer.cu) flush alike. */
+static inline float castor__flush_below(float x, float floor)
+{
+    return fabsf(x) < floor ? 0.0f : x;
+}
+
 static inline float castor__flush_tiny(float x)
 {
-    return fabsf(x) < FLT_MIN ? 0.0f : x;
+    return castor__flush_below(x, FLT_MIN);
+}
+
+/* The least epsilon at which Adam's state is flushed, and the floor an
+ * epsilon gives: sqrt(FLT_MIN) = 2^-63 is half an ulp of 2^-39. */
+#define CASTOR__ADAM_FLUSH_MIN_EPS 0x1p-39f
+static inline float castor__adam_state_floor(float eps)
+{
+    return eps >= CASTOR__ADAM_FLUSH_MIN_EPS ? FLT_MIN : 0.0f;
 }
 
 static inline void castor__sgd_kernel(float *restrict p, const float *restrict g, size_t len,
@@ -71,11 +89,11 @@ static inline void castor__decay_kernel(float *restrict p, size_t len, float lr_
 static inline void castor__adam_kernel(float *restrict p, const float *restrict g,
                                        float *restrict m, float *restrict v, size_t len,
                                        float one_minus_b1, float one_minus_b2, float alpha,
-                                       float eps)
+                                       float eps, float state_floor)
 {
     for (size_t i = 0; i < len; i++) {
-        m[i] = castor__flush_tiny(m[i] + (g[i] - m[i]) * one_minus_b1);
-        v[i] = castor__flush_tiny(v[i] + (g[i] * g[i] - v[i]) * one_minus_b2);
+        m[i] = castor__flush_below(m[i] + (g[i] - m[i]) * one_minus_b1, state_floor);
+        v[i] = castor__flush_below(v[i] + (g[i] * g[i] - v[i]) * one_minus_b2, state_floor);
         p[i] -= alpha * m[i] / (sqrtf(v[i]) + eps);
     }
 }
@@ -86,6 +104,7 @@ typedef struct castor__optim_consts {
     int momentum, nesterov;
     float lr, mu;
     float one_minus_b1, one_minus_b2, alpha, eps;
+    float adam_state_floor; /* castor__adam_state_floor(eps) */
     float lr_wd;
 } castor__optim_consts;
 
@@ -113,7 +132,7 @@ castor__optim_chunk(const castor__optim_consts *c, float *p, const float *g, flo
         if (c->kind == CASTOR_OPT_ADAMW)  /* AdamW is Adam on the decayed variables */
             castor__decay_kernel(p, len, c->lr_wd);
         castor__adam_kernel(p, g, s0, s1, len, c->one_minus_b1, c->one_minus_b2, c->alpha,
-                            c->eps);
+                            c->eps, c->adam_state_floor);
         break;
     }
 }

@@ -208,7 +208,12 @@ typedef enum castor_optimizer_kind {
  * epsilon that is not finite and > 0, and a weight_decay that is not
  * finite and >= 0. Fields another kind reads are not checked, except that
  * compile refuses a non-zero momentum, nesterov or weight_decay on a kind
- * that would drop it. */
+ * that would drop it.
+ *
+ * Optimizer state below FLT_MIN (1.2e-38) is stored as 0: subnormals slow
+ * the host update many times over, and no update can show them. Adam and
+ * AdamW with an epsilon under 2^-39 (1.8e-12) keep theirs, since there
+ * sqrt(v) can matter next to epsilon. */
 typedef struct castor_optimizer {
     castor_optimizer_kind kind;
     float learning_rate;  /* SGD 0.01, Adam/AdamW 0.001 */

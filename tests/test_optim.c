@@ -451,3 +451,46 @@ Test(optim, state_left_subnormal_is_flushed_to_zero)
                           (double)p[i]);
         }
 }
+
+/* The flush above is for state too small to show. Adam's sqrt(v) below
+ * 2^-63 vanishes next to epsilon 1e-7, not next to 1e-30: there a gradient
+ * of 2e-19 gives v = 4e-41 (subnormal), and flushing it divided m by
+ * epsilon alone, one step moving the variable by 6.3e6 (epsilon 1e-30) or
+ * 6.3e-4 (1e-20) where Adam's formula moves it by 1e-3 or 3.9e-4. */
+Test(optim, adam_with_a_tiny_epsilon_keeps_its_subnormal_state)
+{
+    enum { n = N_VARS };
+    const float epsilons[2] = {1e-20f, 1e-30f};
+    const castor_optimizer_kind kinds[2] = {CASTOR_OPT_ADAM, CASTOR_OPT_ADAMW};
+    static float p[n], g[n], s[2 * n];
+    const float *grads[1] = {g};
+    for (int k = 0; k < 2; k++)
+        for (int e = 0; e < 2; e++)
+            for (int path = 0; path < 2; path++) {
+                castor_optimizer opt = castor_optimizer_defaults(kinds[k]);
+                opt.epsilon = epsilons[e];
+                opt.weight_decay = 0.0f;
+                for (size_t i = 0; i < n; i++)
+                    p[i] = 0.0f, g[i] = -2e-19f;
+                memset(s, 0, sizeof s);
+                if (path == 0)
+                    castor__optim_apply_range(&opt, p, g, s, n, 1, 0, n);
+                else
+                    castor__host_update(NULL, &opt, p, s, grads, 1, n, 1);
+                /* Adam's first step in double: m = 0.1 g, v = 0.001 g^2. */
+                double m = 0.1 * -2e-19, v = 0.001 * 4e-38;
+                double alpha = 1e-3 * sqrt(0.001) / 0.1;
+                double want = -alpha * m / (sqrt(v) + (double)opt.epsilon);
+                for (size_t i = 0; i < n; i++) {
+                    cr_assert(s[n + i] > 0.0f, "%s, epsilon %g, %s: v[%zu] is %a, not ~4e-41",
+                              castor_optimizer_kind_name(opt.kind), (double)opt.epsilon,
+                              path ? "central's one-pass update" : "the optimizer", i,
+                              (double)s[n + i]);
+                    cr_assert(fabs(p[i] - want) <= 1e-4 * want,
+                              "%s, epsilon %g, %s: the variable moved by %.6g, not %.6g",
+                              castor_optimizer_kind_name(opt.kind), (double)opt.epsilon,
+                              path ? "central's one-pass update" : "the optimizer",
+                              (double)p[i], want);
+                }
+            }
+}

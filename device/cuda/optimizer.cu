@@ -10,7 +10,8 @@
  *
  * State layout as on the host: slot k of variable i at state[k*n + i]
  * (momentum: velocity; Adam: m then v). State below FLT_MIN is stored as 0,
- * on both.
+ * on both, except Adam's with an epsilon under 2^-39 (host/optim_kernels.h
+ * says why).
  */
 #include <cfloat>
 #include <cmath>
@@ -29,6 +30,7 @@ using castor_grid::kBlock;
 struct StepConsts {
     float lr, mu;
     float one_minus_b1, one_minus_b2, alpha, eps;
+    float adam_state_floor;
     float lr_wd;
 };
 
@@ -45,15 +47,17 @@ StepConsts make_consts(const castor_optimizer *opt, int64_t step)
     c.alpha = (float)(lr * std::sqrt(1.0 - std::pow((double)opt->beta2, t)) /
                       (1.0 - std::pow((double)opt->beta1, t)));
     c.eps = opt->epsilon;
+    /* castor__adam_state_floor: 2^-39 is CASTOR__ADAM_FLUSH_MIN_EPS. */
+    c.adam_state_floor = opt->epsilon >= 0x1p-39f ? FLT_MIN : 0.0f;
     c.lr_wd = (float)(lr * (double)opt->weight_decay);
     return c;
 }
 
-/* State below FLT_MIN is stored as 0, as host/optim_kernels.h's
- * castor__flush_tiny does (why: there). */
-__device__ __forceinline__ float flush_tiny(float x)
+/* State below floor is stored as 0, as host/optim_kernels.h's
+ * castor__flush_below does (why: there). */
+__device__ __forceinline__ float flush_below(float x, float floor)
 {
-    return fabsf(x) < FLT_MIN ? 0.0f : x;
+    return fabsf(x) < floor ? 0.0f : x;
 }
 
 /* p -= lr * g */
@@ -71,7 +75,7 @@ __global__ void momentum_kernel(float *p, const float *g, float *vel, size_t n, 
 {
     for (size_t i = grid_start(); i < n; i += grid_stride()) {
         float lg = __fmul_rn(lr, g[i]);
-        float v = flush_tiny(__fsub_rn(__fmul_rn(mu, vel[i]), lg));
+        float v = flush_below(__fsub_rn(__fmul_rn(mu, vel[i]), lg), FLT_MIN);
         vel[i] = v;
         p[i] = __fadd_rn(p[i], NESTEROV ? __fsub_rn(__fmul_rn(mu, v), lg) : v);
     }
@@ -83,15 +87,17 @@ __global__ void momentum_kernel(float *p, const float *g, float *vel, size_t n, 
 template <bool DECAY>
 __global__ void adam_kernel(float *p, const float *g, float *m, float *v, size_t n,
                             float one_minus_b1, float one_minus_b2, float alpha, float eps,
-                            float lr_wd)
+                            float state_floor, float lr_wd)
 {
     for (size_t i = grid_start(); i < n; i += grid_stride()) {
         float pi = p[i], gi = g[i];
         if (DECAY)
             pi = __fsub_rn(pi, __fmul_rn(lr_wd, pi));
-        float mi = flush_tiny(__fadd_rn(m[i], __fmul_rn(__fsub_rn(gi, m[i]), one_minus_b1)));
-        float vi = flush_tiny(
-            __fadd_rn(v[i], __fmul_rn(__fsub_rn(__fmul_rn(gi, gi), v[i]), one_minus_b2)));
+        float mi = flush_below(
+            __fadd_rn(m[i], __fmul_rn(__fsub_rn(gi, m[i]), one_minus_b1)), state_floor);
+        float vi = flush_below(
+            __fadd_rn(v[i], __fmul_rn(__fsub_rn(__fmul_rn(gi, gi), v[i]), one_minus_b2)),
+            state_floor);
         m[i] = mi;
         v[i] = vi;
         p[i] = __fsub_rn(pi, __fdiv_rn(__fmul_rn(alpha, mi), __fadd_rn(__fsqrt_rn(vi), eps)));
@@ -121,12 +127,12 @@ cudaError_t castor__cuda_optimizer_step(cudaStream_t s, const castor_optimizer *
     case CASTOR_OPT_ADAM:
         adam_kernel<false><<<blocks, kBlock, 0, s>>>(params, grads, state, state + n, n,
                                                       c.one_minus_b1, c.one_minus_b2, c.alpha,
-                                                      c.eps, 0.0f);
+                                                      c.eps, c.adam_state_floor, 0.0f);
         break;
     case CASTOR_OPT_ADAMW:
         adam_kernel<true><<<blocks, kBlock, 0, s>>>(params, grads, state, state + n, n,
                                                      c.one_minus_b1, c.one_minus_b2, c.alpha,
-                                                     c.eps, c.lr_wd);
+                                                     c.eps, c.adam_state_floor, c.lr_wd);
         break;
     default:
         return cudaErrorInvalidValue;
