@@ -84,7 +84,7 @@ typedef struct bench_limits {
     int gpus;                 /* distinct physical GPUs among them */
     size_t copy_bytes;        /* bytes each trial copies per device, the largest copy */
     size_t copy_min_bytes;    /* the smallest copy timed (rates: the fastest size) */
-    int copy_pinned;          /* the host buffers were page-locked */
+    int copy_pinned;          /* the host buffers were pinned by CUDA */
     double h2d_one, d2h_one;  /* one replica alone (replica 0's device) */
     double h2d_all, d2h_all;  /* all replicas copying at once, summed over them */
     double both_all;          /* all replicas, h2d and d2h at once, both directions summed */

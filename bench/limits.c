@@ -2,9 +2,10 @@
  * The limits a run is judged by, measured in the same process as the runs:
  *
  *   copy bandwidth   host->device and device->host through the device
- *                    interface, between page-locked host buffers and device
- *                    memory: one replica alone, every replica at once, and
- *                    every replica copying both ways at once;
+ *                    interface, between host buffers (pinned by CUDA where
+ *                    a GPU is among the devices) and device memory: one
+ *                    replica alone, every replica at once, and every
+ *                    replica copying both ways at once;
  *   host             host memory bandwidth and castor's host kernels at each
  *                    model size (host_limits.c);
  *   GEMM rate        every GEMM shape a training step issues, run on every
@@ -313,7 +314,8 @@ static void measure_copies(const bench_config *c, bench_limits *L, devset *ds,
     memset(bufs, 0, sizeof bufs);
     size_t bytes = L->copy_bytes;
     int trials = c->quick ? 3 : 7;
-    L->copy_pinned = 1;
+    /* Only CUDA pins: the emulated device's copies are memcpy (host/pinned.h). */
+    L->copy_pinned = ds->cuda > 0;
     L->copy_min_bytes = bytes >> 12 ? bytes >> 12 : bytes;
     for (int i = 0; i < ds->n; i++) {
         dev_bufs *b = &bufs[i];
@@ -331,9 +333,8 @@ static void measure_copies(const bench_config *c, bench_limits *L, devset *ds,
             goto out;
         }
     }
-    if (!L->copy_pinned)
-        bench_note(L, "the copy buffers could not be page-locked (ulimit -l?): copies from "
-                "pageable memory");
+    if (ds->cuda && !L->copy_pinned)
+        bench_note(L, "CUDA could not pin the copy buffers: copies from pageable memory");
     for (size_t size = L->copy_min_bytes; size <= bytes; size *= 4) {
         job j = {.ds = ds, .bufs = bufs, .reps = (int)(bytes / size), .bytes = size};
         double moved = (double)bytes, t;

@@ -58,7 +58,7 @@ void bench_print_limits(FILE *out, const bench_config *c, const bench_limits *L)
     fprintf(out, "  host->device     %8s GB/s one replica, %8s GB/s all %d at once  (fastest of "
                  "copies of %zu KiB .. %zu MiB%s)\n",
             a, b, L->replicas, L->copy_min_bytes >> 10, L->copy_bytes >> 20,
-            L->copy_pinned ? ", pinned" : ", NOT pinned");
+            L->copy_pinned ? ", pinned" : L->gpus ? ", NOT pinned" : ", emulated: memcpy");
     fmt_num(a, sizeof a, "%.2f", L->d2h_one / 1e9);
     fmt_num(b, sizeof b, "%.2f", L->d2h_all / 1e9);
     fprintf(out, "  device->host     %8s GB/s one replica, %8s GB/s all %d at once\n", a, b,
@@ -146,8 +146,9 @@ void bench_print_table(FILE *out, const bench_config *c, const bench_result *r, 
             "update (and NCCL's\n"
             "           all-reduce) runs on the devices; '-' with one replica, where it runs "
             "inside the replicas' phase).\n"
-            "  dev MiB: peak device memory of one replica. pin MiB: pinned host memory the model "
-            "holds (run stats).\n"
+            "  dev MiB: peak device memory of one replica. pin MiB: host memory the model "
+            "holds (run stats; pinned\n"
+            "           by CUDA for GPUs, ordinary memory for emulated devices).\n"
             "  RSS MiB: the process's peak resident memory during the run (VmHWM reset before "
             "it%s;\n"
             "           on emulated CPU devices it includes their memory). bench.json also has "
@@ -350,7 +351,8 @@ static cJSON *json_limits(const bench_limits *L)
     cli_json_num(o, "d2h_one_replica_bytes_per_s", L->d2h_one);
     cli_json_str(o, "copy_method",
                  "fastest of timed copies through the device interface (copy_h2d / copy_d2h on "
-                 "their own streams, then synchronize) between page-locked host buffers and "
+                 "their own streams, then synchronize) between host buffers (pinned by CUDA "
+                 "where a GPU is among the devices) and "
                  "device memory, after one untimed, at every size from copy_min_bytes to "
                  "copy_bytes by factors of 4 (each trial copying copy_bytes per device); h2d/d2h/both_directions: every replica at "
                  "once, bytes summed over the replicas");

@@ -1,13 +1,12 @@
 /*
- * Page-locked host memory for the master variables and the staging buffers.
+ * Host memory for the master variables and the staging buffers.
  *
- * With use_cuda, the memory comes from cudaHostAlloc (so device copies run at
- * full PCIe speed); otherwise it is memory of whole pages of its own (a
- * page shared with another buffer would be unlocked when either is freed),
- * locked with mlock.
- * When locking fails (RLIMIT_MEMLOCK, or CUDA could not pin it: then it is
- * not mlock'd either, which CUDA would not count) the buffer is still
- * returned, unlocked, with locked = 0 so the caller can warn.
+ * With use_cuda, the memory is pinned by cudaHostAlloc (so device copies run
+ * at full PCIe speed; when CUDA cannot pin it, ordinary memory with
+ * locked = 0, so the caller can warn). Without, it is ordinary 64-byte
+ * aligned memory: the emulated CPU device copies with memcpy, which no lock
+ * speeds up, and mlock would spend the process's RLIMIT_MEMLOCK, which the
+ * embedding program may need for its own buffers.
  */
 #ifndef CASTOR_HOST_PINNED_H
 #define CASTOR_HOST_PINNED_H
@@ -20,7 +19,7 @@ typedef struct castor__host_buf {
     void *ptr;
     size_t bytes;
     int how;     /* internal: how it was allocated, for the free */
-    int locked;  /* 1 when page-locked */
+    int locked;  /* 1 when pinned by CUDA */
 } castor__host_buf;
 
 /* Zero-filled. Returns CASTOR_OK, or CASTOR_NOMEM with buf->ptr NULL. */

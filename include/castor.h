@@ -442,7 +442,9 @@ typedef struct castor_run_stats {
                                    all-reduce) and the device update */
     double seconds_total;       /* whole steps */
     size_t device_peak_bytes;   /* most device memory one replica has held */
-    size_t host_bytes;          /* pinned host memory held for the model */
+    size_t host_bytes;          /* host memory held for the model: pinned by CUDA
+                                   where the strategy has a GPU; ordinary (not
+                                   mlock'd) memory for emulated CPU devices */
 } castor_run_stats;
 
 CASTOR_API int castor_model_run_stats(const castor_model *model, castor_run_stats *out);

@@ -319,10 +319,10 @@ int castor_model_compile(castor_model *m, castor_strategy *s, castor_loss loss,
         return castor__model_fail(m, CASTOR_NOMEM, "out of host memory for %zu parameters",
                                   m->n_params);
     }
-    if (!m->params.locked)
+    if (s->use_cuda && !m->params.locked)
         castor__log(s, CASTOR_LOG_WARN,
-                    "host memory for the variables could not be page-locked (raise ulimit -l); "
-                    "copies will be slower");
+                    "CUDA could not pin host memory for the variables; their copies to and "
+                    "from the GPUs will be slower");
     castor__model_init_params(m, m->params.ptr);
     m->host_params_current = 1;
     m->params_version = 1;

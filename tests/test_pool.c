@@ -326,24 +326,22 @@ static int page_locked(const void *p)
     return result;
 }
 
-/* mlock and munlock work on whole pages, and a page's lock is not counted:
- * freeing a buffer that shared a page with another unlocked the other's
- * page, while it still said locked. */
-Test(pinned, freeing_a_buffer_keeps_its_neighbours_locked)
+/* The emulated CPU device copies with memcpy, which no lock speeds up: its
+ * buffers were mlock'd all the same, spending the process's RLIMIT_MEMLOCK
+ * (an 8 MiB limit, a 1.5M-variable model compiled: the program's own
+ * mlock of 4 MiB failed) and costing two mlock/munlock pairs a predict. */
+Test(pinned, buffers_for_cpu_devices_are_not_page_locked)
 {
-    enum { N = 16, BYTES = 200 };
-    castor__host_buf bufs[N];
-    for (int i = 0; i < N; i++)
-        cr_assert_eq(castor__host_alloc(&bufs[i], BYTES, 0), CASTOR_OK);
-    for (int i = 0; i < N; i++)
-        if (!bufs[i].locked || page_locked(bufs[i].ptr) != 1)
-            cr_skip_test("buffer %d is not page-locked here (ulimit -l?)", i);
-    for (int i = 0; i < N; i += 2)
-        castor__host_free(&bufs[i]);
-    for (int i = 1; i < N; i += 2) {
-        const char *p = bufs[i].ptr;
-        cr_assert_eq(page_locked(p), 1, "buffer %d's first page was unlocked", i);
-        cr_assert_eq(page_locked(p + BYTES - 1), 1, "buffer %d's last page was unlocked", i);
-        castor__host_free(&bufs[i]);
+    enum { N = 4 };
+    static const size_t sizes[N] = {0, 200, 4096, (size_t)1 << 20};
+    for (int i = 0; i < N; i++) {
+        castor__host_buf buf;
+        cr_assert_eq(castor__host_alloc(&buf, sizes[i], 0), CASTOR_OK);
+        int locked = page_locked(buf.ptr);
+        if (locked < 0)
+            cr_skip_test("/proc/self/smaps cannot tell which pages are locked here");
+        cr_assert_eq(locked, 0, "a %zu-byte buffer for CPU devices is page-locked", sizes[i]);
+        cr_assert_eq(buf.locked, 0);
+        castor__host_free(&buf);
     }
 }
