@@ -33,7 +33,13 @@
  *     callback given in castor_strategy_options;
  *   - separate handles may be used from separate threads at once; one handle
  *     must not be used from two threads at once, except a dataset, which fit
- *     and evaluate only read: several models may read one at once. One
+ *     and evaluate only read: several models may read one at once. A model
+ *     compiled on a strategy and that strategy count as one handle here
+ *     (freeing the strategy detaches the model; freeing or compiling the
+ *     model changes the strategy's hold on its devices): use them from one
+ *     thread at a time. A strategy's worker threads do not survive fork():
+ *     a child process creates its own strategies (a call on one made before
+ *     the fork waits for ever for the parent's threads). One
  *     exception outside castor: it reads checkpoint headers with cJSON, whose
  *     error pointer (cJSON_GetErrorPtr) is one for the whole process and is
  *     written by every parse, castor's too; an application that reads it must
@@ -360,9 +366,10 @@ typedef struct castor_progress {
  * callback may read the model (get_params, step, ...), save it and set its
  * learning rate (for the steps after this one); compile, fit,
  * evaluate, predict, set_params and load on the same model return
- * CASTOR_MISUSE until fit returns, and freeing the model's strategy makes
- * fit stop with CASTOR_MISUSE. The datasets fit reads (training and
- * validation) may be read, not split (CASTOR_MISUSE) nor freed. */
+ * CASTOR_MISUSE until fit returns, and freeing the model or its strategy
+ * makes fit stop with CASTOR_MISUSE (a model freed there is freed as fit
+ * returns). The datasets fit reads (training and validation) may be read,
+ * not split (CASTOR_MISUSE) nor freed. */
 typedef int (*castor_progress_fn)(void *user, const castor_progress *progress);
 
 typedef struct castor_fit_options {
@@ -415,7 +422,8 @@ CASTOR_API int castor_model_predict(castor_model *model, const float *x, size_t 
  * model and save it, as fit's progress callback may: fit, evaluate,
  * predict, set_params, load and compile on the model, and splitting the
  * data being read, are CASTOR_MISUSE from it; the data must not be freed;
- * freeing the model's strategy stops the call with CASTOR_MISUSE. */
+ * freeing the model or its strategy stops the call with CASTOR_MISUSE (a
+ * model freed there is freed as the call returns). */
 typedef int (*castor_stop_fn)(void *user);
 CASTOR_API int castor_model_set_stop_check(castor_model *model, castor_stop_fn fn, void *user);
 

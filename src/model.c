@@ -100,6 +100,12 @@ void castor_model_free(castor_model *m)
 {
     if (!m)
         return;
+    /* From the running call's callback or stop check: that call still
+     * holds m, and frees it as it returns (trainer.c's finish_running). */
+    if (m->running) {
+        m->free_asked = 1;
+        return;
+    }
     castor__model_detach(m);
     free(m->layers);
     free(m);

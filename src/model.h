@@ -88,6 +88,9 @@ struct castor_model {
      * progress callback and stop check may read and save the model, not
      * run, change or reload it under the running loop. */
     const char *running;
+    /* castor_model_free was called from the running call's callback or
+     * stop check: the call stops, and frees the model as it returns. */
+    int free_asked;
 
     /* castor_model_set_stop_check's: polled between batches and steps. */
     castor_stop_fn stop_check;

@@ -103,21 +103,40 @@ static int check_batch(castor_model *m, int batch, const char *what)
     return CASTOR_OK;
 }
 
+/* Whether a callback or stop check of the running call freed the model or
+ * its strategy (said on m, as `from` names it): nothing of the model's
+ * devices may be touched any more, and going on crashed. */
+static int freed_during(castor_model *m, const char *from)
+{
+    if (m->strategy && !m->free_asked)
+        return 0;
+    castor__model_fail(m, CASTOR_MISUSE, "%s: the %s was freed during the %s", m->running,
+                       m->free_asked ? "model" : "strategy", from);
+    return 1;
+}
+
+/* Ends the running call with status rc: a model freed from its callback or
+ * stop check is freed now (CASTOR_MISUSE, said on nothing: there is no
+ * handle left to read it from). */
+static int finish_running(castor_model *m, int rc)
+{
+    m->running = NULL;
+    if (m->free_asked) {
+        castor_model_free(m);
+        return CASTOR_MISUSE;
+    }
+    return rc;
+}
+
 /* The caller's stop check, asked before a batch or step: 0 to go on, 1 to
  * stop (CASTOR_INTERRUPTED, said by the caller), -1 when the check freed
- * the model's strategy (said here: nothing of the model's devices may be
- * touched any more, and going on crashed). */
+ * the model or its strategy (said here). */
 static int stop_asked(castor_model *m)
 {
     if (!m->stop_check)
         return 0;
     int stop = m->stop_check(m->stop_user) != 0;
-    if (!m->strategy) {
-        castor__model_fail(m, CASTOR_MISUSE, "%s: the strategy was freed during the stop check",
-                           m->running ? m->running : "fit");
-        return -1;
-    }
-    return stop;
+    return freed_during(m, "stop check") ? -1 : stop;
 }
 
 /* evaluate's and predict's stop check, before the batch at sample first of
@@ -181,8 +200,7 @@ int castor_model_evaluate(castor_model *m, const castor_dataset *ds, int batch,
     atomic_fetch_add(&((castor_dataset *)ds)->in_use, 1);
     rc = evaluate(m, ds, batch, out, 1);
     atomic_fetch_sub(&((castor_dataset *)ds)->in_use, 1);
-    m->running = NULL;
-    return rc;
+    return finish_running(m, rc);
 }
 
 int castor_model_predict(castor_model *m, const float *x, size_t n, int batch, float *out)
@@ -230,10 +248,9 @@ int castor_model_predict(castor_model *m, const float *x, size_t n, int batch, f
         castor__batch_stats s;
         rc = castor__forward_batch(m, &b, out + first * outputs, &s);
     }
-    m->running = NULL;
     castor__host_free(&zeros);
     staging_free(&st);
-    return rc;
+    return finish_running(m, rc);
 }
 
 /* The order of the epoch's samples (seeded by the epoch: a resumed run
@@ -419,10 +436,8 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
             p.seconds = castor__now() - t0;
             if (o->progress && o->progress(o->progress_user, &p))
                 stop = asked_to_stop = 1;
-            if (!m->strategy) {  /* the callback freed it: the model is detached */
-                rc = castor__model_fail(m, CASTOR_MISUSE,
-                                        "fit: the strategy was freed during the progress "
-                                        "callback");
+            if (freed_during(m, "progress callback")) {
+                rc = CASTOR_MISUSE;
                 break;
             }
             if (o->max_steps && steps_done >= o->max_steps)
@@ -431,18 +446,15 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
                 break;
         }
     }
-    m->running = NULL;
     datasets_in_use(train, o, -1);
     staging_free(&st);
     free(perm);
     if (last_epoch)
         *last_epoch = epoch_metrics;
-    if (rc)
-        return rc;
-    if (asked_to_stop)
-        return castor__model_fail(m, CASTOR_INTERRUPTED, "fit: stopped after step %lld",
-                                  (long long)m->step);
-    return CASTOR_OK;
+    if (!rc && asked_to_stop)
+        rc = castor__model_fail(m, CASTOR_INTERRUPTED, "fit: stopped after step %lld",
+                                (long long)m->step);
+    return finish_running(m, rc);
 }
 
 int castor_model_set_stop_check(castor_model *m, castor_stop_fn fn, void *user)

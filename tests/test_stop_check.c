@@ -264,6 +264,59 @@ Test(stop_check, a_check_that_frees_the_strategy_stops_the_call)
     castor_dataset_free(ds);
 }
 
+/* Frees its model at its second call. */
+typedef struct freer {
+    castor_model *m;
+    int calls;
+} freer;
+
+static int free_model_check(void *user)
+{
+    freer *f = user;
+    if (f->calls++ == 1)
+        castor_model_free(f->m);
+    return 0;
+}
+
+static int free_model_progress(void *user, const castor_progress *p)
+{
+    (void)p;
+    return free_model_check(user);
+}
+
+Test(stop_check, a_check_or_callback_that_frees_the_model_stops_the_call)
+{
+    /* The call went on with the freed model: a use after free (ASan). Now
+     * it stops with CASTOR_MISUSE and frees the model as it returns. */
+    castor_dataset *ds = small_dataset();
+    float x[N * F], out[N * 3];
+    memcpy(x, castor_dataset_x(ds), sizeof x);
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu:2", NULL), CASTOR_OK);
+    const char *what[] = {"fit's stop check", "evaluate's stop check", "predict's stop check",
+                          "fit's progress callback"};
+    for (int call = 0; call < 4; call++) {
+        /* Compiles only if the last model let go of the strategy. */
+        freer f = {compiled(s, "8:relu,3"), 0};
+        castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+        fo.batch_size = 16;
+        fo.epochs = 3;
+        if (call < 3)
+            cr_assert_eq(castor_model_set_stop_check(f.m, free_model_check, &f), CASTOR_OK);
+        else
+            fo.progress = free_model_progress, fo.progress_user = &f;
+        castor_metrics met;
+        int rc = call == 0 || call == 3 ? castor_model_fit(f.m, ds, &fo, NULL)
+                 : call == 1            ? castor_model_evaluate(f.m, ds, 16, &met)
+                                        : castor_model_predict(f.m, x, N, 16, out);
+        cr_assert_eq(rc, CASTOR_MISUSE, "%s freed the model: status %d", what[call], rc);
+        cr_assert_eq(f.calls, 2, "%s was called %d times after it freed the model", what[call],
+                     f.calls - 2);
+    }
+    castor_strategy_free(s);
+    castor_dataset_free(ds);
+}
+
 Test(stop_check, evaluate_and_predict_refuse_changes_from_their_check)
 {
     /* From evaluate's check, set_params went through: the metrics mixed
