@@ -362,10 +362,8 @@ int castor_model_load(castor_model *m, const char *path)
         return CASTOR_MISUSE;
     if (!path || !*path)
         return castor__model_fail(m, CASTOR_MISUSE, "load: no file name given");
-    if (!m->compiled || !m->strategy)
-        return castor__model_fail(m, CASTOR_MISUSE, "%s: load needs a compiled model", path);
-    int rc = castor__model_not_fitting(m, "load");
-    if (rc)
+    int rc;
+    if ((rc = castor__model_compiled(m, "load")) || (rc = castor__model_not_fitting(m, "load")))
         return rc;
     castor__st_file f;
     rc = castor__st_read(path, &f, m->errmsg, sizeof m->errmsg);
@@ -405,6 +403,10 @@ int castor_model_open(castor_model **out, const char *path, castor_strategy *str
     int rc;
     if (!path || !*path) {
         snprintf(err, sizeof err, "open: no file name given");
+        rc = CASTOR_MISUSE;
+    } else if (!strategy) {
+        /* Before the file is read: it may be large, and would be refused. */
+        snprintf(err, sizeof err, "%s: open needs a strategy to compile the model on", path);
         rc = CASTOR_MISUSE;
     } else {
         rc = castor__st_read(path, &f, err, sizeof err);

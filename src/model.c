@@ -37,11 +37,19 @@ int castor__model_host_nonfinite(const castor_model *m)
     return flags;
 }
 
-int castor__model_ready(castor_model *m, const char *what)
+int castor__model_compiled(castor_model *m, const char *what)
 {
     if (!m->compiled || !m->strategy)
         return castor__model_fail(m, CASTOR_MISUSE, "%s: the model is not compiled%s", what,
                                   m->strategy ? "" : " (or its strategy was freed)");
+    return CASTOR_OK;
+}
+
+int castor__model_ready(castor_model *m, const char *what)
+{
+    int rc = castor__model_compiled(m, what);
+    if (rc)
+        return rc;
     if (m->inconsistent)
         return castor__model_fail(m, CASTOR_DEVICE,
                                   "%s: a device failed during an update and the replicas may "
@@ -428,10 +436,9 @@ int castor_model_set_params(castor_model *m, const float *src, size_t count)
         return CASTOR_MISUSE;
     if (!src)
         return castor__model_fail(m, CASTOR_MISUSE, "set_params: src is NULL");
-    if (!m->compiled || !m->strategy)
-        return castor__model_fail(m, CASTOR_MISUSE, "set_params: the model is not compiled");
-    int rc = castor__model_not_fitting(m, "set_params");
-    if (rc)
+    int rc;
+    if ((rc = castor__model_compiled(m, "set_params")) ||
+        (rc = castor__model_not_fitting(m, "set_params")))
         return rc;
     if (count != m->n_params)
         return castor__model_fail(m, CASTOR_INVALID, "set_params: count %zu, model has %zu",
@@ -476,9 +483,9 @@ int castor_model_set_learning_rate(castor_model *m, float learning_rate)
 {
     if (!m)
         return CASTOR_MISUSE;
-    if (!m->compiled)
-        return castor__model_fail(m, CASTOR_MISUSE, "set_learning_rate: the model is not "
-                                  "compiled (compile gives it its optimizer)");
+    int rc = castor__model_compiled(m, "set_learning_rate");
+    if (rc)
+        return rc;
     if (!(learning_rate > 0.0f) || !isfinite(learning_rate))
         return castor__model_fail(m, CASTOR_INVALID, "set_learning_rate: the learning rate "
                                   "must be finite and > 0, not %g", (double)learning_rate);

@@ -107,6 +107,8 @@ int castor__model_fail(castor_model *m, int code, const char *fmt, ...)
 /* Which of the host's copies (variables, optimizer state) hold a value that
  * is not finite: CASTOR__NONFINITE_* flags. */
 int castor__model_host_nonfinite(const castor_model *m);
+/* CASTOR_MISUSE, said on m, unless it is compiled on a live strategy. */
+int castor__model_compiled(castor_model *m, const char *what);
 /* Checks shared by fit/evaluate/predict: compiled, consistent. */
 int castor__model_ready(castor_model *m, const char *what);
 /* CASTOR_MISUSE, said on m, when called from inside fit, evaluate or

@@ -480,6 +480,13 @@ Test(checkpoint, load_needs_compiled_model)
     cr_assert_eq(castor_model_open(NULL, "x", NULL), CASTOR_MISUSE);
     cr_assert_eq(castor_model_epoch(NULL), 0);
     castor_model_free(m);
+    /* open with no strategy read the whole file first, then said "compile
+     * needs a strategy", naming neither the call nor the file. */
+    m = NULL;
+    cr_assert_eq(castor_model_open(&m, "/nonexistent.safetensors", NULL), CASTOR_MISUSE);
+    cr_assert_str_eq(castor_model_errmsg(m),
+                     "/nonexistent.safetensors: open needs a strategy to compile the model on");
+    castor_model_free(m);
 }
 
 /* ---- metadata that lies about sizes and positions (review findings) ---------------------- */

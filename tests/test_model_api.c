@@ -108,9 +108,33 @@ Test(model_api, compile_again_after_the_strategy_was_freed_starts_afresh)
     cr_assert_eq(castor_model_step(m), 3);
     castor_strategy_free(s);
 
-    /* The detached model refuses work and says why... */
+    /* The detached model refuses work and says why, every call alike
+     * (set_params, set_learning_rate and load said only "not compiled", or
+     * "load needs a compiled model")... */
     castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
-    cr_assert_neq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK);
+    size_t count = castor_model_num_params(m);
+    float *p = calloc(count ? count : 1, sizeof *p), met_out[3];
+    cr_assert(p);
+    castor_metrics met;
+    const float x[F] = {0};
+    const char *names[] = {"fit", "evaluate", "predict", "get_params", "set_params",
+                           "set_learning_rate", "load", "save"};
+    for (int call = 0; call < 8; call++) {
+        int rc = call == 0   ? castor_model_fit(m, ds, &fo, NULL)
+                 : call == 1 ? castor_model_evaluate(m, ds, 16, &met)
+                 : call == 2 ? castor_model_predict(m, x, 1, 1, met_out)
+                 : call == 3 ? castor_model_get_params(m, p, count)
+                 : call == 4 ? castor_model_set_params(m, p, count)
+                 : call == 5 ? castor_model_set_learning_rate(m, 0.5f)
+                 : call == 6 ? castor_model_load(m, "/nonexistent/x.safetensors")
+                             : castor_model_save(m, "/nonexistent/x.safetensors");
+        cr_assert_eq(rc, CASTOR_MISUSE, "%s: %d", names[call], rc);
+        char want[96];
+        snprintf(want, sizeof want, "%s: the model is not compiled (or its strategy was freed)",
+                 names[call]);
+        cr_assert_str_eq(castor_model_errmsg(m), want);
+    }
+    free(p);
 
     /* ...and compiled again it is a new model: step 0, fresh weights, any
      * batch size (the old epoch in progress is gone), nothing leaked (the
