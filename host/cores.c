@@ -17,7 +17,7 @@ static const char *const v1_mounts[] = {"/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cp
 /* The first line of a small file, without its newline; 0 if it was read. */
 static int read_line(const char *path, char *buf, size_t size)
 {
-    FILE *f = fopen(path, "r");
+    FILE *f = fopen(path, "re");
     if (!f)
         return -1;
     char *got = fgets(buf, (int)size, f);
@@ -117,7 +117,7 @@ int castor__cgroup_cores(const char *root)
     char path[PATH_MAX];
     if ((size_t)snprintf(path, sizeof path, "%s/proc/self/cgroup", root) >= sizeof path)
         return 0;
-    FILE *f = fopen(path, "r");
+    FILE *f = fopen(path, "re");
     if (!f)
         return 0;
     int best = 0;
