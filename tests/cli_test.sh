@@ -1601,6 +1601,19 @@ else
     bad "a checkpoint over the file size limit: status $rc" \
         "$(cat "$T/err"; ls -la "$T/ck-fsize" 2>&1)"
 fi
+# --save over the file size limit (a full disk, as far as the run can tell):
+# the test evaluation and the report still come, then where the model is,
+# and status 1 (the whole run's results were thrown away with the model).
+(ulimit -f 64 && default_signals "$BIN" "${TRAIN[@]}" --devices cpu:2 --epochs 1 --batch 64 \
+    --save "$T/fsize.safetensors") >"$T/out" 2>"$T/err"
+rc=$?
+if [[ $rc -eq 1 ]] && grep -q '^test: ' "$T/out" &&
+    grep -q '^castor: --save .*File too large' "$T/err" &&
+    tail -n 1 "$T/err" | grep -qx 'castor: --save failed (above); the trained model was not saved anywhere'; then
+    ok "a --save over the file size limit -> the results, where the model is not, 1"
+else
+    bad "a --save over the file size limit: status $rc" "$(cat "$T/out" "$T/err")"
+fi
 # stderr a pipe nobody reads any more (castor train ... 2>&1 | tee log, and tee
 # gone, ended by the same Ctrl-C say): the run goes on to keep its checkpoints
 # and --save, and a signal still ends it with 143 and a checkpoint (SIGPIPE

@@ -589,9 +589,24 @@ int castor_cli_train(int argc, char **argv)
 
     if ((rc = make_strategy(&run)) == 0 && (rc = load_data(&run)) == 0 &&
         (rc = run.o.resume ? train_resume(&run) : make_model(&run)) == 0 &&
-        (rc = prepare_outputs(&run)) == 0 && (rc = fit(&run)) == 0 && (rc = save(&run)) == 0 &&
-        (rc = evaluate(&run)) == 0)
-        rc = train_report(&run);
+        (rc = prepare_outputs(&run)) == 0 && (rc = fit(&run)) == 0) {
+        /* A failed --save (a full disk) loses the model, not the run's
+         * results: they were thrown away with it. The test evaluation and
+         * the report still come, then where the model is, and status 1. */
+        int save_rc = save(&run);
+        if ((rc = evaluate(&run)) == 0)
+            rc = train_report(&run);
+        if (save_rc && rc == 0) {
+            long long step = (long long)castor_model_step(run.model);
+            if (run.last_ckpt_step == step)
+                fprintf(stderr, "castor: --save failed (above); the trained model is in the "
+                                "checkpoint %s\n", run.last_ckpt);
+            else
+                fprintf(stderr, "castor: --save failed (above); the trained model was not "
+                                "saved anywhere\n");
+            rc = save_rc;
+        }
+    }
     /* A signal after the test evaluation's last stop check (any time in a
      * one-batch evaluation) stopped nothing: the results are whole and
      * printed, and the status still says a signal came, so that a

@@ -267,8 +267,10 @@ int train_report_interrupt(train_run *r)
                 r->last_ckpt_step == step ? r->last_ckpt : "");
     } else if (!r->o.checkpoint_dir) {
         fprintf(stderr, "castor: interrupted %s %lld; %s\n", when, step,
-                r->evaluating ? "no --save or --checkpoint-dir: the trained model is lost"
-                              : "no checkpoint directory set, progress lost");
+                !r->evaluating ? "no checkpoint directory set, progress lost"
+                : r->o.save    ? "--save failed and no --checkpoint-dir: the trained model "
+                                 "is lost"
+                               : "no --save or --checkpoint-dir: the trained model is lost");
     } else if (r->last_ckpt_step == step || train_write_checkpoint(r) == 0) {
         fprintf(stderr, "castor: interrupted %s %lld; checkpoint saved to %s\n", when, step,
                 r->last_ckpt);
