@@ -770,6 +770,18 @@ else
     bad "names in any case: status $rc" "$(cat "$T/py" "$T/err"; tail -n 1 "$T/out")"
 fi
 
+# Seeds up to 2^53 are numbers with every digit (cJSON wrote 15 significant
+# digits: 9.00719925474099e+15 and 8e+15, other seeds than the run's).
+for seed in 9007199254740992 8000000000000001; do
+    run train --data "$DATA" --layers 10 --devices cpu --epochs 1 --batch 64 --seed "$seed" \
+        --json --quiet
+    if [[ $rc -eq 0 ]] && tail -n 1 "$T/out" | grep -q "\"seed\":$seed,"; then
+        ok "--seed $seed: --json says it to the digit"
+    else
+        bad "--seed $seed in --json: status $rc" "$(cat "$T/err"; tail -n 1 "$T/out")"
+    fi
+done
+
 # ---- --json stays valid UTF-8 whatever bytes a path holds ----------------------------------
 # (\xc0\xaf: an overlong '/'; \xed\xa0\x80: a UTF-16 surrogate; neither is UTF-8)
 ODD="$T/data-"$'\xff\xfe\xc0\xaf\xed\xa0\x80'"-é"

@@ -25,13 +25,20 @@ int cli_json_num(cJSON *obj, const char *key, double v)
     return add_item(obj, key, isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull());
 }
 
+/* Integers are written as their exact digits: cJSON prints a double with
+ * 15 significant digits when that reads back within DBL_EPSILON of it, so
+ * --seed 9007199254740991 came out as 9.00719925474099e+15, another seed. */
+static int add_digits(cJSON *obj, const char *key, const char *digits)
+{
+    return add_item(obj, key, cJSON_CreateRaw(digits));
+}
+
 int cli_json_u64(cJSON *obj, const char *key, uint64_t v)
 {
-    if (v <= (UINT64_C(1) << 53))
-        return cli_json_num(obj, key, (double)v);
     char buf[32];
     snprintf(buf, sizeof buf, "%llu", (unsigned long long)v);
-    return cli_json_str(obj, key, buf);
+    /* Past 2^53 a string: most JSON readers hold numbers in doubles. */
+    return v <= (UINT64_C(1) << 53) ? add_digits(obj, key, buf) : cli_json_str(obj, key, buf);
 }
 
 int cli_json_float(cJSON *obj, const char *key, float v)
@@ -51,9 +58,9 @@ int cli_json_float(cJSON *obj, const char *key, float v)
 
 int cli_json_int(cJSON *obj, const char *key, int64_t v)
 {
-    /* cJSON numbers are doubles: exact up to 2^53, which covers counts of
-     * bytes, steps and samples. */
-    return cli_json_num(obj, key, (double)v);
+    char buf[32];
+    snprintf(buf, sizeof buf, "%lld", (long long)v);
+    return add_digits(obj, key, buf);
 }
 
 /* Length of the valid UTF-8 sequence at p (1..4), or 0 if none starts
