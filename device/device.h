@@ -92,8 +92,9 @@ typedef struct cdev_iface {
      * Softmax cross-entropy from logits on integer labels, fused:
      *   d_dlogits[r][c] = grad_scale * (softmax(logits[r])[c] - (c == label[r]))
      *   d_row_stats[2r]   = -log softmax(logits[r])[label[r]]
-     *   d_row_stats[2r+1] = 1 if argmax(logits[r]) == label[r] else 0
-     *     (argmax: the first maximum)
+     *   d_row_stats[2r+1] = 1 if argmax(logits[r]) == label[r] and the
+     *     row's loss is not NaN, else 0 (argmax: the first maximum; a row
+     *     with a NaN logit is no correct prediction, whichever its argmax)
      * d_dlogits may be NULL (evaluation). Labels outside [0, cols) are the
      * caller's error, checked on the host when the dataset is made.
      */

@@ -1985,6 +1985,29 @@ else
     bad "predict of a diverged model: status $rc" "$(cat "$T/out" "$T/err")"
 fi
 
+# A softmax model whose outputs are NaN is right about no sample: its
+# accuracy was the share of label 0 (argmax stayed at unit 0), and predict
+# said class 0 for every sample.
+run train --data "$DATA" --layers 32:relu,10 --epochs 1 --batch 512 --seed 1 --quiet \
+    --save "$T/dvx-base.safetensors"
+poison "$T/dvx-base.safetensors" "$T/diverged-xent.safetensors" nan
+run eval --model "$T/diverged-xent.safetensors" --data "$DATA"
+if [[ $rc -eq 0 ]] && grep -q '^test: *loss nan  accuracy 0.0000 ' "$T/out"; then
+    ok "eval of a softmax model with NaN outputs: accuracy 0"
+else
+    bad "eval of a softmax model with NaN outputs: status $rc" "$(cat "$T/out" "$T/err")"
+fi
+run predict --model "$T/diverged-xent.safetensors" --data "$DATA" --limit 3 --json
+if [[ $rc -eq 0 ]] && python3 -c '
+import json, sys
+rows = json.load(open(sys.argv[1]))
+assert len(rows) == 3 and all(r["predicted"] is None for r in rows), rows
+' "$T/out" 2>"$T/py"; then
+    ok "predict of a softmax model with NaN outputs: predicted null"
+else
+    bad "predict of a softmax model with NaN outputs: status $rc" "$(cat "$T/out" "$T/py")"
+fi
+
 # ... and training from it is refused before it starts, in --resume's words (fit refuses a
 # model loaded with variables that are not finite; it trained a step into 'diverged' before)
 run train --data "$DATA" --resume "$T/diverged.safetensors" --epochs 2 --quiet \

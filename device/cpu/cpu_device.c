@@ -436,8 +436,11 @@ static int run_softmax_xent(cdev *dev, const castor__cpu_op *op)
         float log_sum = logf(sum);
         /* mx - l[label] first: two nearby large logits subtract exactly,
          * where (log_sum + mx) would round log_sum away at |logit| ~ 1e4. */
-        a->row_stats[2 * (size_t)r] = log_sum + (mx - l[label]);
-        a->row_stats[2 * (size_t)r + 1] = best == label ? 1.0f : 0.0f;
+        float loss = log_sum + (mx - l[label]);
+        a->row_stats[2 * (size_t)r] = loss;
+        /* A NaN logit makes the loss NaN: no hit, or a model whose outputs
+         * are all NaN scored the share of label 0 (argmax stays at 0). */
+        a->row_stats[2 * (size_t)r + 1] = best == label && !isnan(loss) ? 1.0f : 0.0f;
         if (a->dpred) {
             float *d = a->dpred + (size_t)r * (size_t)cols;
             for (int c = 0; c < cols; c++)

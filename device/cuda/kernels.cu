@@ -194,8 +194,9 @@ __global__ void softmax_xent_kernel(const float *logits, const int32_t *labels, 
     const int label = labels[r];
     const bool valid = label >= 0 && label < cols;
     if (threadIdx.x == 0) {
-        row_stats[2 * r] = valid ? log_sum + (mx - x[label]) : NAN;  /* as the CPU backend */
-        row_stats[2 * r + 1] = valid && best.i == label ? 1.0f : 0.0f;
+        const float loss = valid ? log_sum + (mx - x[label]) : NAN;  /* as the CPU backend */
+        row_stats[2 * r] = loss;
+        row_stats[2 * r + 1] = valid && best.i == label && !isnan(loss) ? 1.0f : 0.0f;
     }
     if (dlogits) {
         float *d = dlogits + r * (size_t)cols;

@@ -79,7 +79,8 @@ static const cli_flag predict_flags[F_COUNT + 1] = {
     [F_DEVICES] = ROW_DEVICES,
     [F_BATCH] = ROW_BATCH,
     [F_JSON] = {"json", NULL, NULL,
-                "print one JSON array, an object per sample: index, predicted,\n"
+                "print one JSON array, an object per sample: index, predicted\n"
+                "(null where an output is NaN: a diverged model predicts nothing),\n"
                 "probability (null for an MSE model), output (the predicted unit's\n"
                 "logit or value) and label"},
     [F_QUIET] = ROW_QUIET,
@@ -333,17 +334,26 @@ int castor_cli_eval(int argc, char **argv)
 /* ---- predict ------------------------------------------------------------------------ */
 
 typedef struct prediction {
-    int predicted;
+    int predicted;      /* -1: none (a NaN output) */
     double probability; /* NaN for an MSE model */
     double output;      /* the predicted unit's logit (or value) */
     int label;          /* -1: none */
 } prediction;
 
 /* The largest unit and, from logits, its softmax probability (computed
- * with the maximum subtracted, so that exp cannot overflow). */
+ * with the maximum subtracted, so that exp cannot overflow). A row with a
+ * NaN predicts nothing, as the library's accuracy counts it: the scan
+ * below stops at a NaN in unit 0, and predicted class 0 for a model whose
+ * outputs were all NaN. */
 static prediction predict_row(const float *y, int units, int softmax)
 {
     prediction p = {0, NAN, 0.0, -1};
+    for (int k = 0; k < units; k++)
+        if (isnan(y[k])) {
+            p.predicted = -1;
+            p.output = NAN;
+            return p;
+        }
     for (int k = 1; k < units; k++)
         if (y[k] > y[p.predicted])
             p.predicted = k;
@@ -365,10 +375,13 @@ static int predict_report(const model_cmd *c, const prediction *pr, size_t n)
                "label");
         for (size_t i = 0; i < n; i++) {
             double shown = is_mse(c) ? pr[i].output : pr[i].probability;
+            char predicted[16] = "-";
+            if (pr[i].predicted >= 0)
+                snprintf(predicted, sizeof predicted, "%d", pr[i].predicted);
             if (isnan(shown))  /* a diverged model: "nan", as train shows it, not "-nan" */
-                printf("%-7zu %-9d %-11s ", i, pr[i].predicted, "nan");
+                printf("%-7zu %-9s %-11s ", i, predicted, "nan");
             else
-                printf("%-7zu %-9d %-11.4f ", i, pr[i].predicted, shown);
+                printf("%-7zu %-9s %-11.4f ", i, predicted, shown);
             if (pr[i].label >= 0)
                 printf("%d%s\n", pr[i].label, pr[i].label == pr[i].predicted ? "" : "  (wrong)");
             else
@@ -386,7 +399,8 @@ static int predict_report(const model_cmd *c, const prediction *pr, size_t n)
             break;
         }
         oom = cli_json_int(o, "index", (int64_t)i) ||
-              cli_json_int(o, "predicted", pr[i].predicted) ||
+              (pr[i].predicted >= 0 ? cli_json_int(o, "predicted", pr[i].predicted)
+                                    : cli_json_str(o, "predicted", NULL)) ||
               cli_json_num(o, "probability", pr[i].probability) ||
               cli_json_num(o, "output", pr[i].output) ||
               (pr[i].label >= 0 ? cli_json_int(o, "label", pr[i].label)
