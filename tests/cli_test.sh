@@ -2225,6 +2225,31 @@ else
     bad "python3 could not write the mismatched data sets"
 fi
 
+# Training samples of 1x8x8 (one channel, as PyTorch writes them) and test
+# samples of 8x8 are the same data: they were refused as "another layout".
+if python3 - "$T/data-chan" <<'EOF'
+import gzip, os, struct, sys
+d = sys.argv[1]
+os.makedirs(d, exist_ok=True)
+def write(name, magic, dims, payload):
+    with gzip.open(os.path.join(d, name), "wb") as f:
+        f.write(struct.pack(">I", magic) + b"".join(struct.pack(">I", x) for x in dims) + payload)
+write("train-images-idx3-ubyte.gz", 0x804, (64, 1, 8, 8), bytes((7 * i) % 256 for i in range(64 * 64)))
+write("train-labels-idx1-ubyte.gz", 0x801, (64,), bytes(i % 3 for i in range(64)))
+write("t10k-images-idx3-ubyte.gz", 0x803, (32, 8, 8), bytes((5 * i) % 256 for i in range(32 * 64)))
+write("t10k-labels-idx1-ubyte.gz", 0x801, (32,), bytes(i % 3 for i in range(32)))
+EOF
+then
+    run train --data "$T/data-chan" --layers 8:relu,3 --epochs 1 --batch 8 --devices cpu --quiet
+    if [[ $rc -eq 0 ]] && grep -q '^test: ' "$T/out"; then
+        ok "training samples of 1x8x8 and test samples of 8x8: the same data"
+    else
+        bad "1x8x8 against 8x8: status $rc" "$(cat "$T/err")"
+    fi
+else
+    bad "python3 could not write the one-channel data set"
+fi
+
 # ---- a model whose layer spec is long still opens: castor reads back what it wrote ---------
 LONG_LAYERS=$(python3 -c "print(','.join(['16:sigmoid'] * 60 + ['10']))")
 LONG="$T/long.safetensors"

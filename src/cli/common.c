@@ -197,15 +197,29 @@ int cli_check_data_kind(const castor_dataset *ds, const char *which, const char 
     if (k.rank < 2 || ref->rank < 2)
         return 0;
     uint64_t count = 1, ref_count = 1;
-    int same = k.rank == ref->rank;
     for (int d = 0; d < k.rank && d < 3; d++)
         count *= k.dims[d];
-    for (int d = 0; d < ref->rank && d < 3; d++) {
+    for (int d = 0; d < ref->rank && d < 3; d++)
         ref_count *= ref->dims[d];
-        same = same && k.dims[d] == ref->dims[d];
-    }
-    if (same || count != ref_count)  /* other features: the caller's message says so */
+    if (count != ref_count)  /* other features: the caller's message says so */
         return 0;
+    /* The same layout but for dimensions of 1 (1x28x28, one channel, and
+     * 28x28 hold their values in the same order) is the same data. */
+    int a = 0, b = 0;
+    for (;;) {
+        while (a < k.rank && a < 3 && k.dims[a] == 1)
+            a++;
+        while (b < ref->rank && b < 3 && ref->dims[b] == 1)
+            b++;
+        int a_end = a >= k.rank || a >= 3, b_end = b >= ref->rank || b >= 3;
+        if (a_end || b_end) {
+            if (a_end && b_end)
+                return 0;
+            break;
+        }
+        if (k.dims[a++] != ref->dims[b++])
+            break;
+    }
     char shape[64], ref_shape[64];
     cli_shape_text(&k, shape, sizeof shape);
     cli_shape_text(ref, ref_shape, sizeof ref_shape);
