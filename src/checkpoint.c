@@ -294,7 +294,9 @@ static int check_against_model(castor_model *m, const castor__st_file *f, const 
         uint32_t crc = crc_update((uint32_t)crc32(0L, Z_NULL, 0), f->data, f->data_len);
         if (crc != info->crc) {
             castor__errf(err, errlen, "%s: CRC-32 of the data section is %08" PRIx32 ", the "
-                         "header says %08" PRIx32 ": the file is corrupt", path, crc, info->crc);
+                         "header says %08" PRIx32 ": the file is corrupt (or its tensors were "
+                         "changed by a program that did not set __metadata__'s crc32 anew)",
+                         path, crc, info->crc);
             rc = CASTOR_FORMAT;
         }
     }
@@ -373,6 +375,28 @@ int castor_model_load(castor_model *m, const char *path)
     return rc;
 }
 
+/* The first tensor of layers x (variables, then each optimizer slot) that
+ * f lacks, into name; 0 if it has them all. */
+static int first_missing(const castor_model *m, const castor__st_file *f,
+                         const castor_optimizer *opt, char *name, size_t len)
+{
+    int slots = castor__optim_slots(opt);
+    for (int slot = -1; slot < slots; slot++) {
+        const char *sname = slot >= 0 ? castor__optim_slot_name(opt, slot) : NULL;
+        for (int l = 0; l < m->n_layers; l++)
+            for (int bias = 0; bias < 2; bias++) {
+                snprintf(name, len, "dense_%d.%s%s%s", l, bias ? "bias" : "kernel",
+                         sname ? "." : "", sname ? sname : "");
+                int found = 0;
+                for (size_t i = 0; i < f->n_tensors && !found; i++)
+                    found = strcmp(f->tensors[i].name, name) == 0;
+                if (!found)
+                    return slot >= 0 ? 2 : 1;
+            }
+    }
+    return 0;
+}
+
 /* Whether the file's tensors hold at least as many floats as the
  * architecture in its metadata needs (variables and optimizer slots); names
  * and shapes, and tensors to spare, are checked one by one after compile. */
@@ -385,6 +409,21 @@ static int check_size_claim(castor_model *m, const castor__st_file *f,
     uint64_t need = (uint64_t)m->n_params * (uint64_t)(1 + castor__optim_slots(opt));
     if (in_file >= need)
         return CASTOR_OK;
+    /* Named, where a tensor is missing: a file of the variables alone (the
+     * optimizer state dropped on export) said only "the tensors hold only
+     * 259". */
+    char missing[64];
+    int which = first_missing(m, f, opt, missing, sizeof missing);
+    if (which)
+        return castor__model_fail(m, CASTOR_FORMAT,
+                                  "%s: tensor %s is missing%s (__metadata__ describes %zu "
+                                  "parameters, %" PRIu64 " floats with the optimizer state; the "
+                                  "tensors hold %" PRIu64 ")",
+                                  path, missing,
+                                  which == 2 ? ": a castor checkpoint carries the optimizer's "
+                                               "state beside the variables"
+                                             : "",
+                                  m->n_params, need, in_file);
     return castor__model_fail(m, CASTOR_FORMAT,
                               "%s: __metadata__ describes %zu parameters (%" PRIu64
                               " floats with the optimizer state), but the tensors hold only "

@@ -262,11 +262,18 @@ int castor__ckpt_read_info(const castor__st_file *f, const char *path, castor__c
                              "whose product is input_features", err, errlen);
     }
 
-    if ((rc = need(f, path, "crc32", &v, err, errlen)))
-        return rc;
+    /* A file written by another program (a Python script that edits a
+     * castor file's weights) is told how to make it. */
+    v = castor__st_meta_get(f, "crc32");
+    if (!v) {
+        castor__errf(err, errlen, "%s: not a complete castor checkpoint: __metadata__ has no "
+                     "'crc32' (zlib's CRC-32 of the data section, as 8 hex digits)", path);
+        return CASTOR_FORMAT;
+    }
     size_t len = strlen(v);
     if (len != 8 || strspn(v, "0123456789abcdefABCDEF") != len)
-        return bad_value(path, "crc32", v, "8 hex digits", err, errlen);
+        return bad_value(path, "crc32", v, "8 hex digits: zlib's CRC-32 of the data section",
+                         err, errlen);
     info->crc = (uint32_t)strtoul(v, NULL, 16);
     return CASTOR_OK;
 }
