@@ -2038,6 +2038,30 @@ else
     bad "a file of the variables alone: status $rc" "$(cat "$T/err")"
 fi
 
+# A checkpoint a program took 3 steps into an unshuffled epoch: castor train
+# (which always shuffles) loaded everything, then said "finish it
+# unshuffled", which none of its flags can do. Refused up front, in its own
+# words.
+run train --data "$DATA" --layers 16:relu,10 --epochs 1 --batch 64 --devices cpu \
+    --checkpoint-dir "$T/ck-unshuf" --checkpoint-every 3 --keep 5 --quiet
+python3 - "$T/ck-unshuf/ckpt-000000000003.safetensors" "$T/unshuffled.safetensors" <<'EOF'
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+assert h["__metadata__"]["epoch_shuffle"] == "1", h["__metadata__"]
+h["__metadata__"]["epoch_shuffle"] = "0"
+hb = json.dumps(h).encode()
+hb += b" " * (-len(hb) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(hb)) + hb + b[8 + n:])
+EOF
+run train --data "$DATA" --resume "$T/unshuffled.safetensors" --epochs 2 --quiet
+if [[ $rc -eq 2 ]] && grep -q "^castor: --resume $T/unshuffled.safetensors is 3 steps into an epoch that a program started unshuffled; castor train always shuffles" "$T/err"; then
+    ok "--resume of an unshuffled epoch in progress -> 2, up front, in the CLI's words"
+else
+    bad "--resume of an unshuffled epoch in progress: status $rc" "$(cat "$T/err")"
+fi
+
 # ... and training from it is refused before it starts, in --resume's words (fit refuses a
 # model loaded with variables that are not finite; it trained a step into 'diverged' before)
 run train --data "$DATA" --resume "$T/diverged.safetensors" --epochs 2 --quiet \

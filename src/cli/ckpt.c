@@ -302,10 +302,16 @@ static int parse_meta(const cJSON *meta, cli_ckpt_meta *m, const char *path, cha
         meta_i64(meta, "epoch_batch", 0, INT32_MAX, &v, path, err, errlen))
         return -1;
     m->epoch_batch = (int)v;
-    /* Optional: files written before the key lack it. */
+    /* Optional: files written before the keys lack them. */
     if (meta_str(meta, "epoch_samples") &&
         meta_i64(meta, "epoch_samples", 1, UINT32_MAX, &m->epoch_samples, path, err, errlen))
         return -1;
+    m->epoch_shuffle = -1;
+    if (meta_str(meta, "epoch_shuffle")) {
+        if (meta_i64(meta, "epoch_shuffle", 0, 1, &v, path, err, errlen))
+            return -1;
+        m->epoch_shuffle = (int)v;
+    }
     /* Informational: absent or odd values are no reason to refuse the file.
      * They are printed, though, so only printable ASCII is kept. */
     copy_printable(m->strategy, sizeof m->strategy, meta_str(meta, "strategy"));

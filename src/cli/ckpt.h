@@ -72,6 +72,7 @@ typedef struct cli_ckpt_meta {
     int64_t step, epoch, step_in_epoch;
     int epoch_batch;      /* the batch size of the last epoch trained */
     int64_t epoch_samples; /* the training samples it is over; 0: not in the file */
+    int epoch_shuffle;    /* whether that epoch's order is shuffled; -1: not in the file */
     char strategy[32];    /* what wrote it: informational */
     char devices[128];
     int replicas;

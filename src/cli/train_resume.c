@@ -232,6 +232,16 @@ int train_resume(train_run *r)
                    samples, split);
         return CLI_EXIT_USAGE;
     }
+    /* fit refused it ("finish it unshuffled"), which no flag of castor
+     * train can do. */
+    if (trains && r->meta.step_in_epoch > 0 && r->meta.epoch_shuffle == 0) {
+        cli_errorf("--resume %s is %lld steps into an epoch that a program started unshuffled; "
+                   "castor train always shuffles, so it cannot finish that epoch: finish it "
+                   "with the library (castor_model_fit, shuffle 0), or resume from a "
+                   "checkpoint at an epoch's end",
+                   path, (long long)r->meta.step_in_epoch);
+        return CLI_EXIT_USAGE;
+    }
 
     if (trains && (rc = check_finite(r, path)) != 0)
         return rc;
