@@ -85,7 +85,7 @@ static int load_idx_into(castor_dataset *ds, const char *images_path, const char
                  * file's own NaN or inf reads the same once converted. */
                 castor__errf(err, errlen, "%s: sample %zu, value %zu is %g%s, not a finite "
                              "number%s", images_path, i / features, i % features,
-                             (double)img.values[i], img.type == 0x0E ? " as float32" : "",
+                             castor__shown(img.values[i]), img.type == 0x0E ? " as float32" : "",
                              img.type == 0x0E ? " (a float64 value past +-3.4e38 becomes inf "
                                                 "in castor's float32)" : "");
                 castor__idx_free(&img);
@@ -118,8 +118,16 @@ static int load_idx_into(castor_dataset *ds, const char *images_path, const char
     for (size_t i = 0; i < n; i++) {
         float v = lab.values[i];
         if (!(v >= 0.0f && v <= (float)MAX_IDX_LABEL) || v != floorf(v)) {
-            castor__errf(err, errlen, "%s: sample %zu's label is %g, not a class number 0..%d",
-                         labels_path, i, (double)v, MAX_IDX_LABEL);
+            /* Whole-number labels whole ("16777216", not "1.67772e+07"),
+             * and the likeliest cause of such a value: 1 written as a
+             * little-endian int32 reads as 16777216, as float32 as 4.6e-41. */
+            int multibyte = lab.type != 0x08 && lab.type != 0x09;
+            int swapped = multibyte && (isnan(v) || fabsf(v) >= 256.0f ||
+                                        (v != 0.0f && fabsf(v) < 1e-30f));
+            castor__errf(err, errlen, "%s: sample %zu's label is %.10g, not a class number "
+                         "0..%d%s", labels_path, i, castor__shown(v), MAX_IDX_LABEL,
+                         swapped ? " (IDX numbers are big-endian: was the file written "
+                                   "little-endian, as numpy's tofile does on x86?)" : "");
             goto done;
         }
         labels[i] = (int32_t)v;
@@ -371,14 +379,15 @@ CASTOR_API int castor_dataset_from_memory(castor_dataset **out, const float *x, 
     for (size_t i = 0; i < x_count; i++)
         if (!isfinite(x[i])) {
             castor__errf(err, errlen, "from_memory: sample %zu, feature %zu is %g, not a finite "
-                         "number", i / (size_t)features, i % (size_t)features, (double)x[i]);
+                         "number", i / (size_t)features, i % (size_t)features,
+                         castor__shown(x[i]));
             return CASTOR_INVALID;
         }
     for (size_t i = 0; targets && i < target_count; i++)
         if (!isfinite(targets[i])) {
             castor__errf(err, errlen, "from_memory: sample %zu, target %zu is %g, not a finite "
                          "number", i / (size_t)target_dim, i % (size_t)target_dim,
-                         (double)targets[i]);
+                         castor__shown(targets[i]));
             return CASTOR_INVALID;
         }
     ds->x = malloc(x_count * sizeof(float));

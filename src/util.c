@@ -141,3 +141,8 @@ int castor__ascii_ieq(const char *a, const char *b)
 {
     return castor__ascii_ieqn(a, b, SIZE_MAX);
 }
+
+double castor__shown(double v)
+{
+    return isnan(v) ? fabs(v) : v;
+}

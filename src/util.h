@@ -41,6 +41,11 @@ int castor__ascii_ieq(const char *a, const char *b);
 /* The first n characters of a and b likewise (no NUL needed within them). */
 int castor__ascii_ieqn(const char *a, const char *b, size_t n);
 
+/* v for a message's %g: a NaN without its sign, since printf writes a NaN
+ * whose sign bit is set (what 0/0 and most NaNs from files have) as
+ * "-nan", which reads as a value. */
+double castor__shown(double v);
+
 /* Whether each of the n floats at v is finite (no NaN, no inf). */
 int castor__all_finite(const float *v, size_t n);
 

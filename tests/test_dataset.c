@@ -181,6 +181,14 @@ Test(dataset, load_idx_rejects_bad_labels_and_images)
     const unsigned char big[16] = {0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0x01, 0, 0, 0x01};
     write_labels(lp, "too-big", 0x0C, big, 4, sizeof big);
     expect_load_error(ip, lp, CASTOR_FORMAT, lp, "sample 3's label is");
+    /* Labels 0, 1, 2, 3 written little-endian, as numpy's tofile writes
+     * them on x86: 1 reads as 16777216, which the message showed as
+     * 1.67772e+07, with no word of the byte order. */
+    const unsigned char le[16] = {0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0};
+    write_labels(lp, "little-endian", 0x0C, le, 4, sizeof le);
+    expect_load_error(ip, lp, CASTOR_FORMAT, lp,
+                      "sample 1's label is 16777216, not a class number 0..");
+    expect_load_error(ip, lp, CASTOR_FORMAT, lp, "IDX numbers are big-endian");
 
     write_labels(lp, "good", 0x08, four, 4, 4);
     unsigned char img1[64];
@@ -189,16 +197,17 @@ Test(dataset, load_idx_rejects_bad_labels_and_images)
     support_write_in(ip1, "img-rank1", img1, support_idx_build_ubyte(img1, 1, one_dim, 4));
     expect_load_error(ip1, lp, CASTOR_FORMAT, ip1, "2 dimensions");
 
-    /* A NaN pixel in a float file. */
+    /* A NaN pixel in a float file, its sign bit set (as 0/0 makes it on
+     * x86): "nan", not "-nan", which reads as a value. */
     unsigned char imgf[128];
     unsigned char f32[16] = {0};
-    f32[8] = 0x7F;
+    f32[8] = 0xFF;
     f32[9] = 0xC0;
     uint32_t fdims[2] = {4, 1};
     char ipf[SUPPORT_PATH_LEN];
     size_t flen = support_idx_build(imgf, 0x0D, 2, fdims, f32, sizeof f32);
     support_write_in(ipf, "img-nan", imgf, flen);
-    expect_load_error(ipf, lp, CASTOR_FORMAT, ipf, "sample 2");
+    expect_load_error(ipf, lp, CASTOR_FORMAT, ipf, "sample 2, value 0 is nan, not a finite");
     /* And an infinity in a float64 file: the other type that can hold one. */
     unsigned char f64[32] = {0};
     f64[8] = 0x7F;
