@@ -402,7 +402,11 @@ typedef struct castor_fit_options {
 CASTOR_API int castor_model_fit(castor_model *model, const castor_dataset *train,
                                 const castor_fit_options *options, castor_metrics *last_epoch);
 /* evaluate and predict run batch_size samples at a time, split over the
- * replicas as fit's batches are (so at least one a replica). */
+ * replicas as fit's batches are (so at least one a replica). The replicas
+ * keep their activation buffers (device memory, and host memory on
+ * emulated CPU devices) for the largest batch any fit, evaluate or predict
+ * has run, until the model is freed or compiled again: a one-off call with
+ * a huge batch holds that memory as long. */
 CASTOR_API int castor_model_evaluate(castor_model *model, const castor_dataset *data,
                                      int batch_size, castor_metrics *out);
 /* Outputs of the last layer (logits for a softmax cross-entropy model) for
