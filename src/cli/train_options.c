@@ -104,7 +104,8 @@ static const cli_flag train_flags[F_COUNT + 1] = {
     [F_SAVE] = {"save", "FILE", NULL,
                 "write the trained model to FILE (safetensors) at the end, atomically:\n"
                 "a crash leaves the old file or the new one (a symbolic link is\n"
-                "written through: the file it leads to is replaced)"},
+                "written through: the file it leads to is replaced); if it cannot be\n"
+                "written (a full disk), the test results still come, then status 1"},
     [F_CHECKPOINT_DIR] = {"checkpoint-dir", "DIR", NULL,
                           "write checkpoints DIR/ckpt-<step, 12 digits>.safetensors (DIR is\n"
                           "created if missing) every --checkpoint-every, at the end of\n"
