@@ -2008,6 +2008,35 @@ else
     bad "predict of a softmax model with NaN outputs: status $rc" "$(cat "$T/out" "$T/py")"
 fi
 
+# ... and one whose largest logit is +inf (a bias of inf): the library's
+# loss is NaN there, so no hit, and predict says no class (it said one,
+# marked right where it was the label).
+python3 - "$T/dvx-base.safetensors" "$T/inf-logit.safetensors" <<'EOF'
+import json, struct, sys, zlib
+b = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+data = bytearray(b[8 + n:])
+s, e = h["dense_1.bias"]["data_offsets"]
+data[s + 12:s + 16] = struct.pack("<f", float("inf"))
+h["__metadata__"]["crc32"] = "%08x" % zlib.crc32(data)
+hb = json.dumps(h).encode()
+hb += b" " * (-len(hb) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(hb)) + hb + data)
+EOF
+run eval --model "$T/inf-logit.safetensors" --data "$DATA"
+eval_ok=$([[ $rc -eq 0 ]] && grep -q '^test: *loss nan  accuracy 0.0000 ' "$T/out" && echo 1)
+run predict --model "$T/inf-logit.safetensors" --data "$DATA" --limit 5 --json
+if [[ $eval_ok == 1 && $rc -eq 0 ]] && python3 -c '
+import json, sys
+rows = json.load(open(sys.argv[1]))
+assert len(rows) == 5 and all(r["predicted"] is None for r in rows), rows
+' "$T/out" 2>"$T/py"; then
+    ok "a logit of +inf: eval counts no hit, predict says no class"
+else
+    bad "a logit of +inf: eval and predict disagree" "$(cat "$T/out" "$T/py" "$T/err")"
+fi
+
 # A file of the variables alone (the optimizer state dropped on export from
 # Python) names the first tensor it lacks and why castor wants it (it said
 # only "the tensors hold only 8554").

@@ -80,7 +80,8 @@ static const cli_flag predict_flags[F_COUNT + 1] = {
     [F_BATCH] = ROW_BATCH,
     [F_JSON] = {"json", NULL, NULL,
                 "print one JSON array, an object per sample: index, predicted\n"
-                "(null where an output is NaN: a diverged model predicts nothing),\n"
+                "(null where an output is NaN, or the largest logit infinite: a\n"
+                "diverged model predicts nothing),\n"
                 "probability (null for an MSE model), output (the predicted unit's\n"
                 "logit or value) and label"},
     [F_QUIET] = ROW_QUIET,
@@ -341,10 +342,11 @@ typedef struct prediction {
 } prediction;
 
 /* The largest unit and, from logits, its softmax probability (computed
- * with the maximum subtracted, so that exp cannot overflow). A row with a
- * NaN predicts nothing, as the library's accuracy counts it: the scan
- * below stops at a NaN in unit 0, and predicted class 0 for a model whose
- * outputs were all NaN. */
+ * with the maximum subtracted, so that exp cannot overflow). A row whose
+ * loss the library finds NaN predicts nothing, as its accuracy counts it
+ * no hit: one with a NaN (the scan below stops at a NaN in unit 0, and
+ * predicted class 0 for a model whose outputs were all NaN), and for
+ * logits one whose largest is not finite (+inf, or every unit -inf). */
 static prediction predict_row(const float *y, int units, int softmax)
 {
     prediction p = {0, NAN, 0.0, -1};
@@ -359,6 +361,10 @@ static prediction predict_row(const float *y, int units, int softmax)
             p.predicted = k;
     double top = y[p.predicted];
     p.output = top;
+    if (softmax && !isfinite(top)) {
+        p.predicted = -1;
+        return p;
+    }
     if (softmax) {
         double sum = 0.0;
         for (int k = 0; k < units; k++)
