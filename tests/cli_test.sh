@@ -1626,6 +1626,19 @@ if [[ $rc -eq 1 ]] && grep -q '^test: ' "$T/out" &&
 else
     bad "a --save over the file size limit: status $rc" "$(cat "$T/out" "$T/err")"
 fi
+# ... and of a resumed run with nothing left to train, the model is the file
+# it resumed from (it said "not saved anywhere").
+run train --data "$DATA" --layers 32:relu,10 --devices cpu --epochs 1 --batch 64 --quiet \
+    --save "$T/done.safetensors"
+(ulimit -f 64 && default_signals "$BIN" train --data "$DATA" --resume "$T/done.safetensors" \
+    --epochs 1 --save "$T/fsize-resumed.safetensors" --quiet) >"$T/out" 2>"$T/err"
+rc=$?
+if [[ $rc -eq 1 ]] && grep -q '^test: ' "$T/out" &&
+    tail -n 1 "$T/err" | grep -qx "castor: --save failed (above); the model is the one resumed from, $T/done.safetensors"; then
+    ok "a --save that fails after a resume with nothing to train: the resumed file named"
+else
+    bad "a --save that fails after a resume with nothing to train: status $rc" "$(cat "$T/err")"
+fi
 # stderr a pipe nobody reads any more (castor train ... 2>&1 | tee log, and tee
 # gone, ended by the same Ctrl-C say): the run goes on to keep its checkpoints
 # and --save, and a signal still ends it with 143 and a checkpoint (SIGPIPE

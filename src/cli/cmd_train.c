@@ -525,6 +525,7 @@ static int save(train_run *r)
     if (rc != CASTOR_OK) {
         cli_errorf("--save %s: %s", r->o.save,
                    cli_why(cli_about_file(castor_model_errmsg(r->model), r->o.save), rc));
+        r->save_failed = 1;
         return CLI_EXIT_RUNTIME;
     }
     r->saved = 1;
@@ -596,11 +597,16 @@ int castor_cli_train(int argc, char **argv)
         int save_rc = save(&run);
         if ((rc = evaluate(&run)) == 0)
             rc = train_report(&run);
+        /* A signal after the evaluation's last batch (below) does not
+         * outrank this: the model is lost, which status 1 says. */
         if (save_rc && rc == 0) {
-            long long step = (long long)castor_model_step(run.model);
+            int64_t step = castor_model_step(run.model);
             if (run.last_ckpt_step == step)
                 fprintf(stderr, "castor: --save failed (above); the trained model is in the "
                                 "checkpoint %s\n", run.last_ckpt);
+            else if (run.resumed_from[0] && step == run.step0)  /* nothing left to train */
+                fprintf(stderr, "castor: --save failed (above); the model is the one resumed "
+                                "from, %s\n", run.resumed_from);
             else
                 fprintf(stderr, "castor: --save failed (above); the trained model was not "
                                 "saved anywhere\n");

@@ -72,6 +72,7 @@ typedef struct train_run {
     int ckpt_dir_lock;        /* --checkpoint-dir held (cli_ckpt_lock); -1: not */
     char ckpt_error[CLI_PATH_MAX + 1024]; /* a failed write, reported after fit stops */
     int saved;                /* --save written */
+    int save_failed;          /* --save could not be written: training is over */
     int evaluating;           /* in the test evaluation: training is over */
     /* Training diverged (a loss or a variable not finite) at this step; -1:
      * not. The run stops without writing that model anywhere. */

@@ -258,19 +258,21 @@ int train_report_interrupt(train_run *r)
         return 128 + sig;
     }
     long long step = (long long)castor_model_step(r->model);
-    /* In the test evaluation training is over: say so, not "after step". */
-    const char *when = r->evaluating ? "during the test evaluation, after training to step"
-                                     : "after step";
+    /* In the test evaluation training is over: say so, not "after step";
+     * after a failed --save too (before the evaluation began). */
+    const char *when = r->evaluating    ? "during the test evaluation, after training to step"
+                       : r->save_failed ? "after training to step"
+                                        : "after step";
     if (r->saved) {  /* after training: --save holds it, whatever else happens */
         fprintf(stderr, "castor: interrupted %s %lld; the model is saved in %s%s%s\n", when,
                 step, r->o.save, r->last_ckpt_step == step ? " and " : "",
                 r->last_ckpt_step == step ? r->last_ckpt : "");
     } else if (!r->o.checkpoint_dir) {
         fprintf(stderr, "castor: interrupted %s %lld; %s\n", when, step,
-                !r->evaluating ? "no checkpoint directory set, progress lost"
-                : r->o.save    ? "--save failed and no --checkpoint-dir: the trained model "
-                                 "is lost"
-                               : "no --save or --checkpoint-dir: the trained model is lost");
+                r->save_failed   ? "--save failed and no --checkpoint-dir: the trained model "
+                                   "is lost"
+                : !r->evaluating ? "no checkpoint directory set, progress lost"
+                                 : "no --save or --checkpoint-dir: the trained model is lost");
     } else if (r->last_ckpt_step == step || train_write_checkpoint(r) == 0) {
         fprintf(stderr, "castor: interrupted %s %lld; checkpoint saved to %s\n", when, step,
                 r->last_ckpt);

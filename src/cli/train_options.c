@@ -88,9 +88,9 @@ static const cli_flag train_flags[F_COUNT + 1] = {
     [F_SEED] = {"seed", "N", "1",
                 "seed of the initial weights and the shuffling, 0 to 2^64-1"},
     [F_STRATEGY] = {"strategy", "central|mirrored", "central",
-                    "central: the master weights live in pinned host memory and the\n"
-                    "CPU updates them; mirrored: a copy per device, gradients\n"
-                    "all-reduced, each device updates its copy"},
+                    "central: the master weights live in host memory (pinned for\n"
+                    "GPUs) and the CPU updates them; mirrored: a copy per device,\n"
+                    "gradients all-reduced, each device updates its copy"},
     [F_DEVICES] = {"devices", "LIST", "cpu",
                    "the replicas, comma separated: cpu, cpu:N (N emulated CPU\n"
                    "devices), cpu:1x2 (two replicas sharing one), cuda (every GPU),\n"
@@ -206,8 +206,10 @@ void castor_cli_train_usage(FILE *out)
             "the step; no checkpoint or --save of that model is written, and the older\n"
             "checkpoints stay.\n"
             "Exit status 1: the run failed (or another run is writing into\n"
-            "--checkpoint-dir: try again once it has ended); 2: a flag is wrong, or\n"
-            "the data, a checkpoint or --checkpoint-dir does not fit the flags.\n");
+            "--checkpoint-dir: try again once it has ended; or --save failed after\n"
+            "training, and the results were printed all the same); 2: a flag is\n"
+            "wrong, or the data, a checkpoint or --checkpoint-dir does not fit the\n"
+            "flags.\n");
 }
 
 /* ---- phase 1: the command line ------------------------------------------------ */
