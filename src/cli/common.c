@@ -194,7 +194,14 @@ int cli_check_data_kind(const castor_dataset *ds, const char *which, const char 
                    which, dir, type_text(k.type), ref_has, type_text(ref->type));
         return CLI_EXIT_USAGE;
     }
-    if (k.rank < 2 || ref->rank < 2)
+    /* A side with fewer than two dimensions other than 1 is a flat vector:
+     * no layout to differ in (64, 1x64 and 64x1 are one). */
+    int k_dims = 0, ref_dims = 0;
+    for (int d = 0; d < k.rank && d < 3; d++)
+        k_dims += k.dims[d] != 1;
+    for (int d = 0; d < ref->rank && d < 3; d++)
+        ref_dims += ref->dims[d] != 1;
+    if (k_dims < 2 || ref_dims < 2)
         return 0;
     uint64_t count = 1, ref_count = 1;
     for (int d = 0; d < k.rank && d < 3; d++)
