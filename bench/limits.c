@@ -178,7 +178,7 @@ static int devset_open(devset *ds, const bench_config *c, char *err, size_t errl
 enum { JOB_H2D, JOB_D2H, JOB_BOTH, JOB_GEMM };
 
 typedef struct dev_bufs {
-    castor__host_buf h_src, h_dst;  /* pinned */
+    castor__host_buf h_src, h_dst;  /* pinned by CUDA for GPUs */
     void *d_a, *d_b, *d_c;
     size_t a_bytes, b_bytes, c_bytes;
 } dev_bufs;

@@ -1,8 +1,9 @@
 /*
  * castor: neural-network training with central storage.
  *
- * One master copy of every variable lives in pinned host memory and is
- * updated on the CPU; one thread per device replica uploads the weights,
+ * One master copy of every variable lives in host memory (pinned, where the
+ * devices are GPUs) and is updated on the CPU; one thread per device
+ * replica uploads the weights,
  * computes gradients and hands them back. A mirrored strategy (a copy of the
  * variables per device, gradients all-reduced, update on the device) runs
  * beside it for comparison.
@@ -405,8 +406,8 @@ CASTOR_API int castor_model_fit(castor_model *model, const castor_dataset *train
  * replicas as fit's batches are (so at least one a replica). The replicas
  * keep their activation buffers (device memory, and host memory on
  * emulated CPU devices) for the largest batch any fit, evaluate or predict
- * has run, until the model is freed or compiled again: a one-off call with
- * a huge batch holds that memory as long. */
+ * has run, until the model is freed or compiled again (or its strategy
+ * freed): a one-off call with a huge batch holds that memory as long. */
 CASTOR_API int castor_model_evaluate(castor_model *model, const castor_dataset *data,
                                      int batch_size, castor_metrics *out);
 /* Outputs of the last layer (logits for a softmax cross-entropy model) for

@@ -387,10 +387,7 @@ static int first_missing(const castor_model *m, const castor__st_file *f,
             for (int bias = 0; bias < 2; bias++) {
                 snprintf(name, len, "dense_%d.%s%s%s", l, bias ? "bias" : "kernel",
                          sname ? "." : "", sname ? sname : "");
-                int found = 0;
-                for (size_t i = 0; i < f->n_tensors && !found; i++)
-                    found = strcmp(f->tensors[i].name, name) == 0;
-                if (!found)
+                if (!castor__st_find(f, name))
                     return slot >= 0 ? 2 : 1;
             }
     }

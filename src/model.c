@@ -274,7 +274,11 @@ int castor_model_compile(castor_model *m, castor_strategy *s, castor_loss loss,
                                   m->input_features);
     if (s->bound)
         return castor__model_fail(m, CASTOR_MISUSE,
-                                  "the strategy already has a compiled model; free it first");
+                                  s->bound->free_asked
+                                      ? "the strategy's model is freed when its running call "
+                                        "returns, not before: compile after that"
+                                      : "the strategy already has a compiled model; free it "
+                                        "first");
     if (m->n_layers == 0)
         return castor__model_fail(m, CASTOR_INVALID, "the model has no layers");
     if (loss != CASTOR_LOSS_SOFTMAX_XENT && loss != CASTOR_LOSS_MSE)
