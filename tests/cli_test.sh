@@ -28,6 +28,8 @@ if [[ ! -x "$BIN" ]]; then
 fi
 
 T=$(mktemp -d "${TMPDIR:-/tmp}/castor-cli-test.XXXXXX")
+# tests/ckpt_file.py: the Python snippets read and rewrite checkpoints with it.
+export PYTHONPATH="$(cd "$(dirname "$0")" && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 BGPID=""
 CGROUP=""  # a cgroup a test made, removed if the script ends before the test does
 cleanup() {
@@ -869,19 +871,14 @@ fi
 # The softmax sums over every unit: a last layer of zeros gives ten equal
 # logits, unit 0 the predicted one, at a probability of exactly 1/10.
 python3 - "$SAVED" "$T/flat.safetensors" <<'EOF'
-import json, struct, sys, zlib
-b = open(sys.argv[1], "rb").read()
-n = struct.unpack("<Q", b[:8])[0]
-h = json.loads(b[8:8 + n])
-data = bytearray(b[8 + n:])
+import sys
+import ckpt_file
+h, data = ckpt_file.read(sys.argv[1])
 for name, t in h.items():
     if name.startswith("dense_1."):
         s, e = t["data_offsets"]
         data[s:e] = bytes(e - s)
-h["__metadata__"]["crc32"] = "%08x" % zlib.crc32(data)
-hb = json.dumps(h).encode()
-hb += b" " * (-len(hb) % 8)
-open(sys.argv[2], "wb").write(struct.pack("<Q", len(hb)) + hb + data)
+ckpt_file.write(sys.argv[2], h, data)
 EOF
 run predict --model "$T/flat.safetensors" --data "$DATA" --limit 3 --json
 if [[ $rc -eq 0 ]] && tail -n 1 "$T/out" | python3 -c '
@@ -1034,16 +1031,13 @@ expect_error 2 "train --resume: 8x32 training images for a model trained on 16x1
 grep -q "has samples of 8x32 where --resume $SAVED was trained on 16x16" "$T/err" ||
     bad "train --resume: 8x32: the message does not say the shapes" "$(cat "$T/err")"
 if python3 - "$SAVED" "$T/old-keys.safetensors" <<'EOF2'
-import json, struct, sys
-raw = open(sys.argv[1], "rb").read()
-(n,) = struct.unpack("<Q", raw[:8])
-header = json.loads(raw[8:8 + n])
+import sys
+import ckpt_file
+header, data = ckpt_file.read(sys.argv[1])
 meta = header["__metadata__"]
 assert meta["input_shape"] == "16x16" and meta["input_type"] == "ubyte", meta
 del meta["input_shape"], meta["input_type"]
-text = json.dumps(header, separators=(",", ":")).encode()
-text += b" " * (-len(text) % 8)
-open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+ckpt_file.write(sys.argv[2], header, data)
 EOF2
 then
     run eval --model "$T/old-keys.safetensors" --data "$T/data-8x32"
@@ -1332,14 +1326,11 @@ fi
 # header length, JSON header, data section; struct and json only).
 same_tensors() {
     python3 - "$1" "$2" <<'EOF'
-import json, struct, sys
+import sys
+import ckpt_file
 
 def load(path):
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    data = raw[8 + n:]
+    header, data = ckpt_file.read(path)
     meta = header.pop("__metadata__", {})
     return meta, {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]])
                   for k, v in header.items()}
@@ -1482,10 +1473,9 @@ if [[ $(nproc) -lt 2 ]]; then
     ok "resume with another OpenBLAS thread count: skipped (one usable core)"
 elif OPENBLAS_NUM_THREADS=1 run "${TRAIN[@]}" --devices cpu --batch 64 --epochs 1 \
     --checkpoint-dir "$BD" && [[ $rc -eq 0 ]] && python3 - "$BPATH" <<'EOF' 2>"$T/py"; then
-import json, struct, sys
-raw = open(sys.argv[1], "rb").read()
-(n,) = struct.unpack("<Q", raw[:8])
-meta = json.loads(raw[8:8 + n])["__metadata__"]
+import sys
+import ckpt_file
+meta = ckpt_file.meta(sys.argv[1])
 assert meta.get("blas_threads") == "1", meta
 EOF
     OPENBLAS_NUM_THREADS=2 run "${TRAIN[@]}" --devices cpu --epochs 2 --resume "$BPATH"
@@ -1802,10 +1792,9 @@ for every in 5 epoch; do
         grep -q "^castor: the trained model is saved in $T/lastfail.safetensors\$" "$T/err" &&
         ! grep -q 'training stopped' "$T/err" &&
         [[ "$(python3 - "$T/lastfail.safetensors" 2>&1 <<'EOF'
-import json, struct, sys
-raw = open(sys.argv[1], "rb").read()
-(n,) = struct.unpack("<Q", raw[:8])
-print(json.loads(raw[8:8 + n])["__metadata__"]["step"])
+import sys
+import ckpt_file
+print(ckpt_file.meta(sys.argv[1])["step"])
 EOF
 )" == 16 ]]; then
         ok "the last checkpoint (--checkpoint-every $every) cannot be written -> 1, --save written"
@@ -1933,15 +1922,13 @@ kept=$(newest_step "$DV")
 if [[ $rc -eq 1 && -n "$dstep" && ! -e "$T/diverged.safetensors" && "$kept" == $((dstep - 1)) ]] &&
     grep -q "stopped (no --save, no checkpoint of it); the newest checkpoint is $DV/" "$T/err" &&
     python3 - "$DV"/ckpt-*.safetensors <<'EOF'
-import json, math, struct, sys
+import math, sys
+import ckpt_file
 for path in sys.argv[1:]:
-    b = open(path, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    for name, t in json.loads(b[8:8 + n]).items():
+    h, data = ckpt_file.read(path)
+    for name in h:
         if name != "__metadata__":
-            s, e = t["data_offsets"]
-            vals = struct.unpack("<%df" % ((e - s) // 4), b[8 + n + s:8 + n + e])
-            assert all(math.isfinite(v) for v in vals), (path, name)
+            assert all(math.isfinite(v) for v in ckpt_file.floats(h, data, name)), (path, name)
 EOF
 then
     ok "a diverged run -> 1 at step $dstep, no --save, its checkpoints finite (newest step $kept)"
@@ -1956,18 +1943,13 @@ run train --data "$DATA" --layers 32:relu,10 --loss mse --optimizer sgd --lr 0.1
     --batch 512 --seed 1 --quiet --save "$T/dv-base.safetensors"
 poison() { # poison FROM TO VALUE: every dense_0.bias value set, --lr 1000, the CRC made right
     python3 - "$@" <<'EOF'
-import json, struct, sys, zlib
-b = open(sys.argv[1], "rb").read()
-n = struct.unpack("<Q", b[:8])[0]
-h = json.loads(b[8:8 + n])
-data = bytearray(b[8 + n:])
-s, e = h["dense_0.bias"]["data_offsets"]
-data[s:e] = struct.pack("<%df" % ((e - s) // 4), *([float(sys.argv[3])] * ((e - s) // 4)))
+import sys
+import ckpt_file
+h, data = ckpt_file.read(sys.argv[1])
+n = len(ckpt_file.floats(h, data, "dense_0.bias"))
+ckpt_file.set_floats(h, data, "dense_0.bias", [float(sys.argv[3])] * n)
 h["__metadata__"]["learning_rate"] = "1000"
-h["__metadata__"]["crc32"] = "%08x" % zlib.crc32(data)
-hb = json.dumps(h).encode()
-hb += b" " * (-len(hb) % 8)
-open(sys.argv[2], "wb").write(struct.pack("<Q", len(hb)) + hb + data)
+ckpt_file.write(sys.argv[2], h, data)
 EOF
 }
 poison "$T/dv-base.safetensors" "$T/dv-huge.safetensors" 1e18
@@ -2025,17 +2007,13 @@ fi
 # loss is NaN there, so no hit, and predict says no class (it said one,
 # marked right where it was the label).
 python3 - "$T/dvx-base.safetensors" "$T/inf-logit.safetensors" <<'EOF'
-import json, struct, sys, zlib
-b = open(sys.argv[1], "rb").read()
-n = struct.unpack("<Q", b[:8])[0]
-h = json.loads(b[8:8 + n])
-data = bytearray(b[8 + n:])
-s, e = h["dense_1.bias"]["data_offsets"]
-data[s + 12:s + 16] = struct.pack("<f", float("inf"))
-h["__metadata__"]["crc32"] = "%08x" % zlib.crc32(data)
-hb = json.dumps(h).encode()
-hb += b" " * (-len(hb) % 8)
-open(sys.argv[2], "wb").write(struct.pack("<Q", len(hb)) + hb + data)
+import sys
+import ckpt_file
+h, data = ckpt_file.read(sys.argv[1])
+bias = list(ckpt_file.floats(h, data, "dense_1.bias"))
+bias[3] = float("inf")
+ckpt_file.set_floats(h, data, "dense_1.bias", bias)
+ckpt_file.write(sys.argv[2], h, data)
 EOF
 run eval --model "$T/inf-logit.safetensors" --data "$DATA"
 eval_ok=$([[ $rc -eq 0 ]] && grep -q '^test: *loss nan  accuracy 0.0000 ' "$T/out" && echo 1)
@@ -2054,24 +2032,18 @@ fi
 # Python) names the first tensor it lacks and why castor wants it (it said
 # only "the tensors hold only 8554").
 python3 - "$T/dvx-base.safetensors" "$T/weights-only.safetensors" <<'EOF'
-import json, struct, sys, zlib
-b = open(sys.argv[1], "rb").read()
-n = struct.unpack("<Q", b[:8])[0]
-h = json.loads(b[8:8 + n])
-meta = h.pop("__metadata__")
-data, out = b[8 + n:], bytearray()
-for name in sorted(h, key=lambda k: h[k]["data_offsets"][0]):
+import sys
+import ckpt_file
+h, data = ckpt_file.read(sys.argv[1])
+out = bytearray()
+for name in sorted((k for k in h if k != "__metadata__"), key=lambda k: h[k]["data_offsets"][0]):
     s, e = h[name]["data_offsets"]
     if ".adam" in name:
         del h[name]
         continue
     h[name]["data_offsets"] = [len(out), len(out) + e - s]
     out += data[s:e]
-meta["crc32"] = "%08x" % zlib.crc32(out)
-h["__metadata__"] = meta
-hb = json.dumps(h).encode()
-hb += b" " * (-len(hb) % 8)
-open(sys.argv[2], "wb").write(struct.pack("<Q", len(hb)) + hb + out)
+ckpt_file.write(sys.argv[2], h, out)
 EOF
 run eval --model "$T/weights-only.safetensors" --data "$DATA"
 if [[ $rc -ne 0 ]] && grep -q "tensor dense_0.kernel.adam_m is missing: a castor checkpoint carries the optimizer's state beside the variables" "$T/err"; then
@@ -2087,15 +2059,12 @@ fi
 run train --data "$DATA" --layers 16:relu,10 --epochs 1 --batch 64 --devices cpu \
     --checkpoint-dir "$T/ck-unshuf" --checkpoint-every 3 --keep 5 --quiet
 python3 - "$T/ck-unshuf/ckpt-000000000003.safetensors" "$T/unshuffled.safetensors" <<'EOF'
-import json, struct, sys
-b = open(sys.argv[1], "rb").read()
-n = struct.unpack("<Q", b[:8])[0]
-h = json.loads(b[8:8 + n])
+import sys
+import ckpt_file
+h, data = ckpt_file.read(sys.argv[1])
 assert h["__metadata__"]["epoch_shuffle"] == "1", h["__metadata__"]
 h["__metadata__"]["epoch_shuffle"] = "0"
-hb = json.dumps(h).encode()
-hb += b" " * (-len(hb) % 8)
-open(sys.argv[2], "wb").write(struct.pack("<Q", len(hb)) + hb + b[8 + n:])
+ckpt_file.write(sys.argv[2], h, data)
 EOF
 run train --data "$DATA" --resume "$T/unshuffled.safetensors" --epochs 2 --quiet
 if [[ $rc -eq 2 ]] && grep -q "^castor: --resume $T/unshuffled.safetensors is 3 steps into an epoch that a program started unshuffled; castor train always shuffles" "$T/err"; then
@@ -2378,14 +2347,11 @@ fi
 # ---- text from a checkpoint reaches the terminal only as printable characters -------------
 EVIL="$T/evil.safetensors"
 if python3 - "$SAVED" "$EVIL" <<'EOF'
-import json, struct, sys
-raw = open(sys.argv[1], "rb").read()
-(n,) = struct.unpack("<Q", raw[:8])
-header = json.loads(raw[8:8 + n])
+import sys
+import ckpt_file
+header, data = ckpt_file.read(sys.argv[1])
 header["__metadata__"]["strategy"] = "mirrored\x1b[31mRED\nsecond line"
-text = json.dumps(header, separators=(",", ":")).encode()
-text += b" " * (-len(text) % 8)
-open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + raw[8 + n:])
+ckpt_file.write(sys.argv[2], header, data)
 EOF
 then
     run train --data "$DATA" --devices cpu:2 --epochs 2 --batch 64 --resume "$EVIL"
