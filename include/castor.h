@@ -254,7 +254,14 @@ CASTOR_API int castor_model_add_layers(castor_model *model, const char *spec);
 /*
  * Bind the model to a strategy: allocate the master variables (Glorot-uniform
  * kernels, zero biases, drawn from seed with the documented PRNG in
- * src/rng.c), the optimizer state and the per-replica device buffers.
+ * src/rng.c) and the optimizer state on the host, and each replica's copy
+ * of the variables on its device. What only training needs on a device
+ * (the gradients, a mirrored replica's optimizer state, the backward
+ * pass's share of the activations) waits for the model's first
+ * castor_model_fit: a model compiled (or opened) to evaluate and predict
+ * needs device memory for its variables and a batch's activations, no
+ * more. compile fails (CASTOR_DEVICE_MEMORY) when a device's budget cannot
+ * hold the variables, its message saying what training needs besides.
  * One model per strategy at a time. A strategy freed before its model
  * detaches it: the model keeps its layers and refuses training, evaluation,
  * parameters and checkpoints (CASTOR_MISUSE) until compiled again, on
@@ -387,6 +394,12 @@ typedef struct castor_fit_options {
 
 /* options may be NULL for the defaults; fit reads them once, as it starts
  * (changing them from the progress callback changes nothing in this fit).
+ * Before its first step fit makes sure every device holds what the
+ * largest batch it runs needs (validation's included), and the model's
+ * first fit allocates what training needs there (castor_model_compile):
+ * where a device's budget is too small, CASTOR_DEVICE_MEMORY, nothing
+ * trained, with a message naming the bytes of the variables, the
+ * gradients, a mirrored replica's optimizer state and the activations.
  * epochs counts epoch ends: an epoch left part-way, finished first (below),
  * is one of them, so fit then trains epochs - 1 whole epochs after it.
  * last_epoch (may be NULL) gets the metrics of the last epoch that ended in
@@ -403,11 +416,14 @@ typedef struct castor_fit_options {
 CASTOR_API int castor_model_fit(castor_model *model, const castor_dataset *train,
                                 const castor_fit_options *options, castor_metrics *last_epoch);
 /* evaluate and predict run batch_size samples at a time, split over the
- * replicas as fit's batches are (so at least one a replica). The replicas
- * keep their activation buffers (device memory, and host memory on
- * emulated CPU devices) for the largest batch any fit, evaluate or predict
- * has run, until the model is freed or compiled again (or its strategy
- * freed): a one-off call with a huge batch holds that memory as long. */
+ * replicas as fit's batches are (so at least one a replica). On the
+ * devices they need the variables and a batch's activations: no gradients
+ * nor optimizer state (after a fit, the activations keep the backward
+ * pass's share, which the next fit would use). The replicas keep their
+ * activation buffers (device memory, and host memory on emulated CPU
+ * devices) for the largest batch any fit, evaluate or predict has run,
+ * until the model is freed or compiled again (or its strategy freed): a
+ * one-off call with a huge batch holds that memory as long. */
 CASTOR_API int castor_model_evaluate(castor_model *model, const castor_dataset *data,
                                      int batch_size, castor_metrics *out);
 /* Outputs of the last layer (logits for a softmax cross-entropy model) for
@@ -497,9 +513,11 @@ CASTOR_API int castor_model_save(castor_model *model, const char *path);
  * finite values only), a load for variables and optimizer state. */
 CASTOR_API int castor_model_load(castor_model *model, const char *path);
 /* Create and compile a model from a checkpoint's architecture on a strategy,
- * then load it. A failed open hands out a model that is not compiled, for
- * its message (free it; what else it holds is unspecified): the strategy is
- * left free for another model. */
+ * then load it (with no device memory for the gradients, as compile: a
+ * model opened to evaluate and predict needs room for its variables and a
+ * batch's activations alone). A failed open hands out a model that is not
+ * compiled, for its message (free it; what else it holds is unspecified):
+ * the strategy is left free for another model. */
 CASTOR_API int castor_model_open(castor_model **out, const char *path,
                                  castor_strategy *strategy);
 /* Epochs completed and steps done in the epoch in progress. */

@@ -42,7 +42,7 @@ static void step_task(void *ctx, int index, int count)
 
 static int central_train_step(castor_model *m, const castor__batch *b, castor__batch_stats *stats)
 {
-    int rc = castor__runtime_ensure_rows(m, b->rows);
+    int rc = castor__runtime_ensure_training(m, b->rows);
     if (rc)
         return rc;
     /* The loss gradient is scaled by the global batch, so the sum of the

@@ -4,6 +4,12 @@
  * the loss is already scaled by the global batch) and every replica applies
  * the same update on its device, so the copies stay identical.
  *
+ * The optimizer state goes to the devices with the gradients, at the first
+ * fit (castor__runtime_ensure_training): only an update reads it, so a
+ * model that only evaluates and predicts needs device room for its
+ * variables alone. Until then no update has changed it and the host's copy
+ * is the state: pull and push skip it while the replicas hold none.
+ *
  * How the all-reduce runs depends on where the replicas are:
  *   REDUCE_NONE    one replica: nothing to reduce.
  *   REDUCE_HOST    emulated CPU devices, or a mix: each replica downloads its
@@ -152,7 +158,7 @@ static int sum_on_device(castor_model *m)
 static int mirrored_train_step(castor_model *m, const castor__batch *b,
                                castor__batch_stats *stats)
 {
-    int rc = castor__runtime_ensure_rows(m, b->rows);
+    int rc = castor__runtime_ensure_training(m, b->rows);
     if (rc)
         return rc;
     castor__runtime *rt = m->rt;

@@ -324,14 +324,13 @@ int castor_model_compile(castor_model *m, castor_strategy *s, castor_loss loss,
         return rc;
     }
     size_t bytes = m->n_params * sizeof(float);
-    /* Only mirrored keeps the sum of the gradients (to upload it); central's
-     * update sums them as it goes. */
-    size_t grad_bytes = s->kind == CASTOR_STRATEGY_MIRRORED ? bytes : 0;
+    /* What only training needs (the gradients, on the devices and the
+     * host) waits for the first fit (castor__runtime_ensure_training): a
+     * model compiled to evaluate and predict needs room for no more than
+     * its variables. */
     if (castor__host_alloc(&m->params, bytes, s->use_cuda) ||
-        castor__host_alloc(&m->grads, grad_bytes, s->use_cuda) ||
         castor__host_alloc(&m->opt_state, (size_t)m->opt_slots * bytes, s->use_cuda)) {
         castor__host_free(&m->params);
-        castor__host_free(&m->grads);
         castor__host_free(&m->opt_state);
         m->strategy = NULL;
         return castor__model_fail(m, CASTOR_NOMEM, "out of host memory for %zu parameters",

@@ -39,10 +39,13 @@ struct castor_model {
 
     /* Master copies on the host (pinned). For the central strategy these
      * are the variables; for the mirrored one, host mirrors of replica 0's
-     * copy, brought up to date on demand (host_params_current). */
+     * copy, brought up to date on demand (host_params_current); its
+     * optimizer state stays the host's alone until the first fit places
+     * it on the replicas. */
     castor__host_buf params;     /* n_params floats */
     castor__host_buf opt_state;  /* opt_slots * n_params floats */
-    castor__host_buf grads;      /* n_params floats: the reduced gradient */
+    castor__host_buf grads;      /* n_params floats: the reduced gradient (mirrored,
+                                    from the first fit on) */
     int host_params_current;
 
     /* Where training stands. */

@@ -53,15 +53,17 @@ static size_t output_units(const castor_model *m)
     return (size_t)m->layers[m->n_layers - 1].out;
 }
 
-/* Byte sizes of the activation arena's parts for `rows` rows, in order. */
+/* Byte sizes of the activation arena's parts for `rows` rows, in order.
+ * The backward pass's ping-pong buffers only with `backward`: forward alone
+ * (evaluate, predict) never writes them. */
 enum { ACT_X, ACT_ACTS, ACT_DELTA0, ACT_DELTA1, ACT_LABELS, ACT_TARGETS, ACT_STATS, ACT_PARTS };
 
-static void act_parts(const castor_model *m, size_t rows, size_t parts[ACT_PARTS])
+static void act_parts(const castor_model *m, size_t rows, int backward, size_t parts[ACT_PARTS])
 {
     size_t f = sizeof(float);
     parts[ACT_X] = align_up(sat_mul(rows, (size_t)m->input_features * f));
     parts[ACT_ACTS] = align_up(sat_mul(rows, sat_mul(sum_outputs(m), f)));
-    parts[ACT_DELTA0] = align_up(sat_mul(rows, widest_layer(m) * f));
+    parts[ACT_DELTA0] = backward ? align_up(sat_mul(rows, widest_layer(m) * f)) : 0;
     parts[ACT_DELTA1] = parts[ACT_DELTA0];
     parts[ACT_LABELS] = align_up(sat_mul(rows, sizeof(int32_t)));
     parts[ACT_TARGETS] =
@@ -69,48 +71,84 @@ static void act_parts(const castor_model *m, size_t rows, size_t parts[ACT_PARTS
     parts[ACT_STATS] = align_up(sat_mul(rows, 2 * f));
 }
 
-static size_t param_arena_bytes(const castor_model *m, int mirrored)
+static size_t act_bytes(const castor_model *m, size_t rows, int backward)
 {
-    size_t n = align_up(m->n_params * sizeof(float));
-    size_t state = mirrored ? align_up((size_t)m->opt_slots * m->n_params * sizeof(float)) : 0;
-    return 2 * n + state;
-}
-
-size_t castor__replica_bytes(const castor_model *m, int rows, int mirrored)
-{
-    size_t parts[ACT_PARTS], total = param_arena_bytes(m, mirrored);
-    act_parts(m, (size_t)rows, parts);
+    size_t parts[ACT_PARTS], total = 0;
+    act_parts(m, rows, backward, parts);
     for (int i = 0; i < ACT_PARTS; i++)
         total = sat_add(total, parts[i]);
     return total;
 }
 
-static int too_big(cdev *dev, const castor_model *m, int rows, int mirrored)
+/* What every replica holds from compile on: the variables. */
+static size_t param_arena_bytes(const castor_model *m)
 {
-    size_t need = castor__replica_bytes(m, rows, mirrored);
+    return align_up(m->n_params * sizeof(float));
+}
+
+/* What only training adds, from the first fit on: the gradients and, on a
+ * mirrored replica, the optimizer state (after the gradients). */
+static size_t training_bytes(const castor_model *m, int mirrored)
+{
+    size_t grads = align_up(m->n_params * sizeof(float));
+    size_t state =
+        mirrored ? align_up(sat_mul((size_t)m->opt_slots, m->n_params * sizeof(float))) : 0;
+    return sat_add(grads, state);
+}
+
+/* CASTOR_DEVICE_MEMORY, said on dev, for a replica that needs the
+ * variables, the training buffers when `training`, and the activations for
+ * `rows` rows (0: not known yet). */
+static int too_big(cdev *dev, const castor_model *m, int rows, int mirrored, int training)
+{
     size_t params = m->n_params * sizeof(float);
-    char state[64] = "", acts[96] = "";
-    if (mirrored && m->opt_slots > 0)
-        snprintf(state, sizeof state, ", optimizer state %zu",
-                 sat_mul((size_t)m->opt_slots, params));
-    if (rows > 0)
-        snprintf(acts, sizeof acts, ", activations for %d rows %zu", rows,
-                 need - param_arena_bytes(m, mirrored));
-    /* At compile the batch is not known yet: the figure is a floor (a
-     * budget just above it failed again at the first step, for the
-     * activations the message had not named). */
+    size_t state = mirrored && m->opt_slots > 0 ? sat_mul((size_t)m->opt_slots, params) : 0;
+    size_t held = param_arena_bytes(m);
+    if (training)
+        held = sat_add(held, training_bytes(m, mirrored));
+    size_t acts = act_bytes(m, (size_t)rows, training);
+    size_t need = sat_add(held, rows > 0 ? acts : 0);
+    char state_part[64] = "";
+    if (state)
+        snprintf(state_part, sizeof state_part, "%s optimizer state %zu",
+                 training ? "," : " and", state);
+    if (rows <= 0)
+        /* At compile the batch is not known yet: the figure is a floor (a
+         * budget just above it failed again at the first batch, for the
+         * activations the message had not named). Training needs more,
+         * allocated by the first fit: said here so that the budget that
+         * would do for it can be picked at once. */
+        return castor__cdev_fail(
+            dev, CASTOR_DEVICE_MEMORY,
+            "the model needs %zu bytes of device memory per replica on %s before any batch's "
+            "activations (variables %zu; to train, also gradients %zu%s), but the device's "
+            "budget is %zu bytes",
+            need, dev->name, params, params, state_part, dev->budget);
+    if (!training)
+        return castor__cdev_fail(
+            dev, CASTOR_DEVICE_MEMORY,
+            "the model needs %zu bytes of device memory per replica on %s (variables %zu, "
+            "activations for %d rows %zu), but the device's budget is %zu bytes",
+            need, dev->name, params, rows, acts, dev->budget);
     return castor__cdev_fail(
         dev, CASTOR_DEVICE_MEMORY,
-        "the model needs %zu bytes of device memory per replica on %s%s "
-        "(variables %zu, gradients %zu%s%s), but the device's budget is %zu bytes",
-        need, dev->name, rows > 0 ? "" : " before any batch's activations", params, params,
-        state, acts, dev->budget);
+        "the model needs %zu bytes of device memory per replica on %s to train (variables "
+        "%zu, gradients %zu%s, activations for %d rows %zu), but the device's budget is %zu "
+        "bytes",
+        need, dev->name, params, params, state_part, rows, acts, dev->budget);
 }
 
 int castor__replica_check_room(const castor_model *m, cdev *dev, int mirrored)
 {
-    return param_arena_bytes(m, mirrored) > dev->budget ? too_big(dev, m, 0, mirrored)
-                                                         : CASTOR_OK;
+    return param_arena_bytes(m) > dev->budget ? too_big(dev, m, 0, mirrored, 0) : CASTOR_OK;
+}
+
+int castor__replica_check_training_room(const castor__replica *r, const castor_model *m,
+                                        int rows)
+{
+    size_t need = sat_add(sat_add(r->param_bytes, training_bytes(m, r->mirrored)),
+                          act_bytes(m, (size_t)rows, 1));
+    return need > r->dev->budget ? too_big(r->dev, m, rows, r->mirrored, 1) : CASTOR_OK;
 }
 
 int castor__replica_init(castor__replica *r, const castor_model *m, cdev *dev, int index,
@@ -123,22 +161,14 @@ int castor__replica_init(castor__replica *r, const castor_model *m, cdev *dev, i
     r->mirrored = mirrored;
     r->use_cuda = use_cuda;
 
-    r->param_bytes = param_arena_bytes(m, mirrored);
+    r->param_bytes = param_arena_bytes(m);
     int rc = castor__replica_check_room(m, dev, mirrored);
     if (rc)
         return rc;
     void *arena = NULL;
     if ((rc = castor__cdev_alloc(dev, r->param_bytes, &arena)))
         return rc;
-    size_t n = align_up(m->n_params * sizeof(float));
     r->d_params = arena;
-    r->d_grads = (float *)((char *)arena + n);
-    if (mirrored && m->opt_slots > 0) {
-        r->d_state = (float *)((char *)arena + 2 * n);
-        r->state_bytes = (size_t)m->opt_slots * m->n_params * sizeof(float);
-        if ((rc = dev->iface->memset0(dev, CDEV_STREAM_COMPUTE, r->d_state, r->state_bytes)))
-            return rc;
-    }
 
     r->layer_ready = calloc((size_t)m->n_layers, sizeof *r->layer_ready);
     r->grad_ready = calloc((size_t)m->n_layers, sizeof *r->grad_ready);
@@ -149,27 +179,66 @@ int castor__replica_init(castor__replica *r, const castor_model *m, cdev *dev, i
             (rc = dev->iface->event_create(dev, &r->grad_ready[l])))
             return rc;
     }
-    if ((rc = dev->iface->event_create(dev, &r->input_ready)))
+    return dev->iface->event_create(dev, &r->input_ready);
+}
+
+int castor__replica_alloc_training(castor__replica *r, const castor_model *m,
+                                   const float *h_state)
+{
+    if (r->d_grads)
+        return CASTOR_OK;
+    cdev *dev = r->dev;
+    if (castor__host_alloc(&r->h_grads, m->n_params * sizeof(float), r->use_cuda))
+        return castor__cdev_fail(dev, CASTOR_NOMEM,
+                                 "out of host memory for replica %d's gradients", r->index);
+    size_t bytes = training_bytes(m, r->mirrored);
+    void *arena = NULL;
+    int rc = castor__cdev_alloc(dev, bytes, &arena);
+    if (rc) {
+        castor__host_free(&r->h_grads);
         return rc;
-    if (castor__host_alloc(&r->h_grads, m->n_params * sizeof(float), use_cuda))
-        return castor__cdev_fail(dev, CASTOR_NOMEM, "out of host memory for replica %d's gradients",
-                                 index);
+    }
+    r->d_grads = arena;
+    r->train_bytes = bytes;
+    if (r->mirrored && m->opt_slots > 0) {
+        r->d_state = (float *)((char *)arena + align_up(m->n_params * sizeof(float)));
+        r->state_bytes = (size_t)m->opt_slots * m->n_params * sizeof(float);
+        rc = cdev_copy_h2d(dev, CDEV_STREAM_COMPUTE, r->d_state, h_state, r->state_bytes);
+        if (!rc)
+            rc = dev->iface->synchronize(dev);
+        if (rc) {
+            /* The copy may still be queued: it must not land after the
+             * buffer is given back. */
+            (void)dev->iface->synchronize(dev);
+            castor__replica_free_training(r);
+            return rc;
+        }
+    }
     return CASTOR_OK;
 }
 
-int castor__replica_reserve(castor__replica *r, const castor_model *m, int rows)
+void castor__replica_free_training(castor__replica *r)
 {
-    if (rows <= r->cap)
+    if (r->d_grads)
+        castor__cdev_free(r->dev, r->d_grads, r->train_bytes);
+    r->d_grads = r->d_state = NULL;
+    r->train_bytes = r->state_bytes = 0;
+    castor__host_free(&r->h_grads);
+}
+
+int castor__replica_reserve(castor__replica *r, const castor_model *m, int rows, int backward)
+{
+    if (rows <= r->cap && (r->act_backward || !backward))
         return CASTOR_OK;
     cdev *dev = r->dev;
     size_t parts[ACT_PARTS], total = 0;
-    act_parts(m, (size_t)rows, parts);
+    act_parts(m, (size_t)rows, backward, parts);
     for (int i = 0; i < ACT_PARTS; i++)
         total = sat_add(total, parts[i]);
     /* Checked before freeing the old buffers, so a failed grow keeps them. */
     size_t others = dev->used - r->act_bytes;  /* what the device holds besides */
     if (total > dev->budget || others > dev->budget - total)
-        return too_big(dev, m, rows, r->mirrored);
+        return too_big(dev, m, rows, r->mirrored, backward);
 
     if (r->d_act_arena) {
         castor__cdev_free(dev, r->d_act_arena, r->act_bytes);
@@ -178,6 +247,7 @@ int castor__replica_reserve(castor__replica *r, const castor_model *m, int rows)
         r->d_targets = r->d_row_stats = NULL;
         r->d_labels = NULL;
         r->act_bytes = 0;
+        r->act_backward = 0;
         r->cap = 0;
     }
     castor__host_free(&r->h_row_stats);
@@ -188,6 +258,7 @@ int castor__replica_reserve(castor__replica *r, const castor_model *m, int rows)
         return rc;
     r->d_act_arena = arena;
     r->act_bytes = total;
+    r->act_backward = backward;
     char *p = arena;
     float **slots[ACT_PARTS] = {&r->d_x, &r->d_acts, &r->d_delta[0], &r->d_delta[1], NULL,
                                 &r->d_targets, &r->d_row_stats};
@@ -225,7 +296,7 @@ void castor__replica_free(castor__replica *r, const castor_model *m)
         castor__cdev_free(dev, r->d_act_arena, r->act_bytes);
     if (r->d_params)
         castor__cdev_free(dev, r->d_params, r->param_bytes);
-    castor__host_free(&r->h_grads);
+    castor__replica_free_training(r);
     castor__host_free(&r->h_row_stats);
     memset(r, 0, sizeof *r);
 }

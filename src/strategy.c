@@ -244,16 +244,24 @@ void castor__runtime_free(castor_model *m)
     m->rt = NULL;
 }
 
-int castor__runtime_ensure_rows(castor_model *m, int rows)
+/* Rows of a global batch of `rows` that each replica must hold: rows / n
+ * rounded up, without rows + n - 1 (which overflows near INT_MAX and would
+ * skip the growth). */
+static int rows_per_replica(const castor__runtime *rt, int rows)
+{
+    return rows / rt->n + (rows % rt->n != 0);
+}
+
+/* Every replica's activations for `per` rows, with the backward pass's
+ * buffers once the model trains (it will train again: a forward pass that
+ * grew them without would only make the next step grow them anew). */
+static int reserve_rows(castor_model *m, int per)
 {
     castor__runtime *rt = m->rt;
-    /* rows / n rounded up, without rows + n - 1 (which overflows near
-     * INT_MAX and would skip the growth). */
-    int per = rows / rt->n + (rows % rt->n != 0);
     if (per <= rt->rows_capacity)
         return CASTOR_OK;
     for (int i = 0; i < rt->n; i++) {
-        int rc = castor__replica_reserve(&rt->reps[i], m, per);
+        int rc = castor__replica_reserve(&rt->reps[i], m, per, rt->training);
         if (rc) {
             /* A replica may have given up its old buffers: forget what the
              * replicas hold so the next call reserves again for each. */
@@ -263,6 +271,64 @@ int castor__runtime_ensure_rows(castor_model *m, int rows)
     }
     rt->rows_capacity = per;
     return CASTOR_OK;
+}
+
+int castor__runtime_ensure_rows(castor_model *m, int rows)
+{
+    return reserve_rows(m, rows_per_replica(m->rt, rows));
+}
+
+static void free_training(castor_model *m)
+{
+    castor__runtime *rt = m->rt;
+    for (int i = 0; i < rt->n; i++)
+        castor__replica_free_training(&rt->reps[i]);
+    castor__host_free(&m->grads);
+}
+
+/* The training buffers of every replica, or (on a failure, said on m) of
+ * none: a model refused them stays as it was, holding no more memory. */
+static int alloc_training(castor_model *m, int per)
+{
+    castor__runtime *rt = m->rt;
+    castor_strategy *s = m->strategy;
+    /* Every device's room first, so that a fit refused for it allocates
+     * nothing and its message names every part (the gradients, too big
+     * for the budget, are most often what a model that evaluates lacks). */
+    for (int i = 0; i < rt->n; i++) {
+        int rc = castor__replica_check_training_room(&rt->reps[i], m, per);
+        if (rc)
+            return castor__model_fail(m, rc, "%s", rt->reps[i].dev->errmsg);
+    }
+    /* Only mirrored keeps the sum of the gradients (to upload it); central's
+     * update sums them as it goes. */
+    if (s->ops->device_state &&
+        castor__host_alloc(&m->grads, m->n_params * sizeof(float), s->use_cuda))
+        return castor__model_fail(m, CASTOR_NOMEM,
+                                  "out of host memory for the sum of %zu gradients",
+                                  m->n_params);
+    /* Until now no step has changed the optimizer state, so the host's
+     * copy is the state (mirrored: what the replicas start from). */
+    const float *state = s->ops->device_state ? m->opt_state.ptr : NULL;
+    for (int i = 0; i < rt->n; i++) {
+        int rc = castor__replica_alloc_training(&rt->reps[i], m, state);
+        if (rc) {
+            rc = castor__model_fail(m, rc, "%s", rt->reps[i].dev->errmsg);
+            free_training(m);
+            return rc;
+        }
+    }
+    rt->training = 1;
+    /* The activations grow the backward pass's buffers at the next reserve. */
+    rt->rows_capacity = 0;
+    return CASTOR_OK;
+}
+
+int castor__runtime_ensure_training(castor_model *m, int rows)
+{
+    int per = rows_per_replica(m->rt, rows);
+    int rc = m->rt->training ? CASTOR_OK : alloc_training(m, per);
+    return rc ? rc : reserve_rows(m, per);
 }
 
 void castor__split_rows(int rows, int n, int r, int *offset, int *count)

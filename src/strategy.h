@@ -35,7 +35,8 @@ typedef struct castor__batch_stats {
 typedef struct castor__strategy_ops {
     const char *name;
     /* Whether each replica keeps the variables' optimizer state (mirrored)
-     * or only what a step needs (central): what a device must hold. */
+     * or only what a step needs (central): what a device must hold to
+     * train. */
     int device_state;
     /* After compile: allocate replica state, place the initial variables. */
     int (*prepare)(castor_model *m);
@@ -74,6 +75,11 @@ typedef struct castor__runtime {
     int n;
     castor__replica *reps;
     int rows_capacity;         /* rows each replica's buffers hold */
+    /* Every replica holds the training buffers (the gradients, mirrored's
+     * optimizer state, the backward pass's activations), and mirrored the
+     * host's sum of the gradients: set by the first fit, kept until the
+     * model is freed or compiled again. */
+    int training;
     castor_run_stats stats;    /* steps, seconds, bytes of the training steps */
     int reduce;                /* mirrored: how gradients are all-reduced (mirrored.c) */
     void **nccl_comms;         /* mirrored on distinct GPUs: one NCCL rank per replica */
@@ -86,15 +92,20 @@ int castor__strategy_cpu_replicas(const castor_strategy *s);
 void castor__log(const castor_strategy *s, castor_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Allocate the runtime and the replicas' parameter buffers. */
+/* Allocate the runtime and the replicas' variables. */
 int castor__runtime_create(castor_model *m);
-/* Whether every device's budget holds the model's variables (and, for the
- * strategy that keeps it there, its optimizer state): asked before any
- * host memory is taken for them. */
+/* Whether every device's budget holds the model's variables: asked before
+ * any host memory is taken for them. */
 int castor__runtime_check_room(castor_model *m);
 void castor__runtime_free(castor_model *m);
-/* Grow every replica's activation buffers to hold `rows` rows. */
+/* Grow every replica's activation buffers to hold `rows` rows (a global
+ * batch), for a forward pass. */
 int castor__runtime_ensure_rows(castor_model *m, int rows);
+/* The same for training: the first call also allocates the training
+ * buffers, after checking every device's room for them and `rows` rows'
+ * activations (CASTOR_DEVICE_MEMORY naming the gradients' bytes, nothing
+ * allocated). */
+int castor__runtime_ensure_training(castor_model *m, int rows);
 
 /* Rows of a global batch given to replica r: an even split, the first
  * (rows % n) replicas taking one more. */

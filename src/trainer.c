@@ -357,10 +357,13 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
     }
 
     /* The devices' room for the largest batch this fit runs, validation's
-     * included: one that does not fit fails now, not after an epoch. */
+     * included, and, on the model's first fit, for the gradients (compile
+     * left them out: evaluate and predict never use them): one that does
+     * not fit fails now, not after an epoch. */
     size_t val_rows = o->validation ? (o->validation->n < (size_t)o->batch_size
                                            ? o->validation->n : (size_t)o->batch_size) : 0;
-    if ((rc = castor__runtime_ensure_rows(m, val_rows > (size_t)rows ? (int)val_rows : rows))) {
+    if ((rc = castor__runtime_ensure_training(m, val_rows > (size_t)rows ? (int)val_rows
+                                                                         : rows))) {
         staging_free(&st);
         free(perm);
         return rc;

@@ -956,6 +956,34 @@ for cmd in eval predict; do
     run "$cmd" --model "$SAVED" --data "$DATA" --device-memory 64M --quiet
     if [[ $rc -eq 0 ]]; then ok "$cmd --device-memory 64M"; else bad "$cmd --device-memory 64M: status $rc" "$(cat "$T/err")"; fi
 done
+# eval and predict need device room for the variables and a batch's activations, not for
+# the gradients, which open reserved too: 'castor eval --device-memory 30M' of a
+# 256 -> 2048 -> 2048 -> 10 model was refused for "variables 18972712, gradients 18972712"
+# (found by a user review). A 256 -> 2048 -> 10 model has 2,187,304 bytes of variables:
+# 4M holds them and a batch of 128 samples' activations (3.4 MB), not them and their
+# gradients (4.4 MB). Both commands give there what they give unconstrained, and train on
+# the budget is refused before its first step, the message naming the gradients.
+WIDE="$T/wide.safetensors"
+run train --data "$DATA" --layers 2048:relu,10 --epochs 1 --batch 64 --seed 3 --save "$WIDE" \
+    --quiet
+[[ $rc -eq 0 ]] || bad "train --layers 2048:relu,10 --save: status $rc" "$(cat "$T/err")"
+for cmd in eval predict; do
+    every=()
+    [[ $cmd == predict ]] && every=(--limit 128)
+    run "$cmd" --model "$WIDE" --data "$DATA" "${every[@]}" --json
+    cp "$T/out" "$T/wide-$cmd.json"
+    run "$cmd" --model "$WIDE" --data "$DATA" "${every[@]}" --json --device-memory 4M
+    if [[ $rc -eq 0 && -s "$T/out" ]] && cmp -s "$T/out" "$T/wide-$cmd.json"; then
+        ok "$cmd --device-memory 4M: the variables fit, the gradients need not"
+    else
+        bad "$cmd --device-memory 4M of 2.2 MB of variables: status $rc" \
+            "$(cat "$T/err"; diff "$T/out" "$T/wide-$cmd.json" | head -5)"
+    fi
+done
+expect_error 1 "train --device-memory 4M, 2.2 MB of variables: no room for the gradients" \
+    train --data "$DATA" --layers 2048:relu,10 --epochs 1 --batch 64 --device-memory 4M --quiet
+grep -q 'to train (variables 2187304, gradients 2187304, activations for 64 rows' "$T/err" ||
+    bad "train --device-memory 4M: the message does not name the gradients" "$(cat "$T/err")"
 expect_error 2 "eval --strategy sideways" eval --model "$SAVED" --data "$DATA" --strategy sideways
 expect_error 2 "eval: batch smaller than the replicas" eval --model "$SAVED" --data "$DATA" --devices cpu:4 --batch 2
 expect_error 2 "predict --limit 0" predict --model "$SAVED" --data "$DATA" --limit 0

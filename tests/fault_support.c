@@ -27,6 +27,8 @@ castor_model *fault_make(const fault_scenario *sc, castor_strategy **s)
 
 int fault_fit_steps(castor_model *m, castor_dataset *ds, const fault_scenario *sc, int steps)
 {
+    if (steps == 0)  /* max_steps 0 would be no limit */
+        return CASTOR_OK;
     castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
     fo.epochs = 1000;
     fo.batch_size = sc->batch;

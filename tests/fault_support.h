@@ -21,13 +21,13 @@ typedef struct fault_scenario {
     const char *devices;
     int n;          /* samples */
     int batch;
-    int warm_steps; /* before the faulty one */
+    int warm_steps; /* before the faulty one (0: the faulty one is the model's first) */
     int async;
 } fault_scenario;
 
 /* F -> 5:tanh -> 3 (softmax cross-entropy, Adam, seed 7) on sc's strategy. */
 castor_model *fault_make(const fault_scenario *sc, castor_strategy **s);
-/* Up to steps steps of fit in sc's batches. */
+/* Up to steps steps of fit in sc's batches (none, and no fit, for 0). */
 int fault_fit_steps(castor_model *m, castor_dataset *ds, const fault_scenario *sc, int steps);
 /* The model's variables (malloc'd). */
 float *fault_params_of(castor_model *m);

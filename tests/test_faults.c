@@ -58,8 +58,12 @@ static void sweep(const fault_scenario *sc)
                          at, rep);
                 cr_assert(fault_failed, "%s: not reached", what);
                 cr_assert_neq(rc, CASTOR_OK, "%s: fit succeeded", what);
-                cr_assert(strstr(castor_model_errmsg(m), "injected"), "%s: message '%s'", what,
-                          castor_model_errmsg(m));
+                /* A dropped copy of the labels into buffers no step has
+                 * written yet leaves labels a kernel refuses first. */
+                const char *msg = castor_model_errmsg(m);
+                cr_assert(strstr(msg, "injected") ||
+                              (sc->async && !sc->warm_steps && strstr(msg, "label")),
+                          "%s: message '%s'", what, msg);
                 cr_assert_eq(castor_model_step(m), step0, "%s: step moved", what);
                 fault_assert_nothing_queued(s, what);
                 cr_assert_eq(castor_model_step_in_epoch(m), sie0, "%s", what);
@@ -159,5 +163,30 @@ Test(faults, mirrored_cpu1_async)
 Test(faults, central_cpu3_zero_rows_async)
 {
     fault_scenario sc = {CASTOR_STRATEGY_CENTRAL, "cpu:3", 10, 3, 3, 1};
+    sweep(&sc);
+}
+
+/* No step before the faulty one: the fit that first trains the model also
+ * allocates its gradients (and, mirrored, places the optimizer state on the
+ * replicas, which compile leaves on the host), and a fault there must leave
+ * the model as compile made it. */
+Test(faults, central_cpu3_first_fit)
+{
+    fault_scenario sc = {CASTOR_STRATEGY_CENTRAL, "cpu:3", 40, 9, 0, 0};
+    sweep(&sc);
+}
+Test(faults, mirrored_cpu3_first_fit)
+{
+    fault_scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu:3", 40, 9, 0, 0};
+    sweep(&sc);
+}
+Test(faults, mirrored_cpu1_first_fit_async)
+{
+    fault_scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu", 40, 9, 0, 1};
+    sweep(&sc);
+}
+Test(faults, mirrored_cpu1x3_first_fit_async)
+{
+    fault_scenario sc = {CASTOR_STRATEGY_MIRRORED, "cpu:1x3", 40, 9, 0, 1};
     sweep(&sc);
 }

@@ -89,7 +89,8 @@ static double ref_loss(const net *n, const double *params)
 static double lib_grads(net *n, float *grads)
 {
     castor_model *m = n->m;
-    cr_assert_eq(castor__runtime_ensure_rows(m, ROWS), CASTOR_OK, "%s", castor_model_errmsg(m));
+    cr_assert_eq(castor__runtime_ensure_training(m, ROWS), CASTOR_OK, "%s",
+                 castor_model_errmsg(m));
     castor__replica *r = &m->rt->reps[0];
     r->offset = 0;
     r->rows = ROWS;

@@ -20,7 +20,10 @@
      "the device memory of each emulated CPU device, shared by the K\n"                  \
      "replicas of cpu:NxK, and of each GPU replica (at 0 the K replicas\n"               \
      "of cuda:IxK share the GPU's free memory), with an optional\n"                      \
-     "K, M, G or T suffix (powers of 1024): 512M, 2G"}
+     "K, M, G or T suffix (powers of 1024): 512M, 2G. Each replica\n"                    \
+     "holds the variables and a batch's activations; to train, also\n"                   \
+     "the gradients (and, mirrored, the optimizer state), which eval\n"                  \
+     "and predict need no room for"}
 
 /* The directory for --data: "fashion-mnist" is $CASTOR_FASHION_MNIST, or
  * else CLI_DEFAULT_FASHION_MNIST; anything else is a directory. */
