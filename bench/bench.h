@@ -84,6 +84,9 @@ typedef struct bench_limits {
     int gpus;                 /* distinct physical GPUs among them */
     size_t copy_bytes;        /* bytes each trial copies per device, the largest copy */
     size_t copy_min_bytes;    /* the smallest copy timed (rates: the fastest size) */
+    size_t copy_span;         /* emulated CPU devices: each copy buffer's bytes, every copy
+                                 to its next region (not cache-hot); 0 without them */
+    size_t llc_bytes;         /* the last-level cache it was sized from; 0 unknown */
     int copy_pinned;          /* the host buffers were pinned by CUDA */
     double h2d_one, d2h_one;  /* one replica alone (replica 0's device) */
     double h2d_all, d2h_all;  /* all replicas copying at once, summed over them */

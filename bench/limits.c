@@ -5,7 +5,11 @@
  *                    interface, between host buffers (pinned by CUDA where
  *                    a GPU is among the devices) and device memory: one
  *                    replica alone, every replica at once, and every
- *                    replica copying both ways at once;
+ *                    replica copying both ways at once; on an emulated CPU
+ *                    device every copy goes to a region of buffers larger
+ *                    than the last-level cache that no recent copy touched,
+ *                    as a step's copies of megabytes between distinct
+ *                    buffers do (measure_copies);
  *   host             host memory bandwidth and castor's host kernels at each
  *                    model size (host_limits.c);
  *   GEMM rate        every GEMM shape a training step issues, run on every
@@ -33,9 +37,11 @@
 #include "bench/bench.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "device/device.h"
 #include "host/pinned.h"
@@ -181,6 +187,11 @@ typedef struct dev_bufs {
     castor__host_buf h_src, h_dst;  /* pinned by CUDA for GPUs */
     void *d_a, *d_b, *d_c;
     size_t a_bytes, b_bytes, c_bytes;
+    /* Copies: with sweep, each copy starts where the last one in its
+     * direction ended (up: h_src -> d_a, down: d_b -> h_dst), wrapping at
+     * span bytes; without, every copy is at offset 0. */
+    int sweep;
+    size_t span, up, down;
 } dev_bufs;
 
 typedef struct job {
@@ -194,6 +205,18 @@ typedef struct job {
     int status[CASTOR__MAX_REPLICAS];
 } job;
 
+/* Where the next copy of `bytes` in one direction goes (see dev_bufs). */
+static size_t next_offset(const dev_bufs *b, size_t *pos, size_t bytes)
+{
+    if (!b->sweep)
+        return 0;
+    if (*pos + bytes > b->span)
+        *pos = 0;
+    size_t at = *pos;
+    *pos += bytes;
+    return at;
+}
+
 static int job_one(job *j, int i)
 {
     cdev *dev = j->ds->dev[i];
@@ -201,17 +224,25 @@ static int job_one(job *j, int i)
     dev_bufs *b = &j->bufs[i];
     int rc = 0;
     for (int r = 0; r < j->reps && !rc; r++) {
+        size_t up = 0, down = 0;
+        if (j->kind == JOB_H2D || j->kind == JOB_BOTH)
+            up = next_offset(b, &b->up, j->bytes);
+        if (j->kind == JOB_D2H || j->kind == JOB_BOTH)
+            down = next_offset(b, &b->down, j->bytes);
+        char *d_a = (char *)b->d_a + up, *d_b = (char *)b->d_b + down;
+        const char *h_src = (const char *)b->h_src.ptr + up;
+        char *h_dst = (char *)b->h_dst.ptr + down;
         switch (j->kind) {
         case JOB_H2D:
-            rc = f->copy_h2d(dev, CDEV_STREAM_H2D, b->d_a, b->h_src.ptr, j->bytes);
+            rc = f->copy_h2d(dev, CDEV_STREAM_H2D, d_a, h_src, j->bytes);
             break;
         case JOB_D2H:
-            rc = f->copy_d2h(dev, CDEV_STREAM_D2H, b->h_dst.ptr, b->d_b, j->bytes);
+            rc = f->copy_d2h(dev, CDEV_STREAM_D2H, h_dst, d_b, j->bytes);
             break;
         case JOB_BOTH:
-            rc = f->copy_h2d(dev, CDEV_STREAM_H2D, b->d_a, b->h_src.ptr, j->bytes);
+            rc = f->copy_h2d(dev, CDEV_STREAM_H2D, d_a, h_src, j->bytes);
             if (!rc)
-                rc = f->copy_d2h(dev, CDEV_STREAM_D2H, b->h_dst.ptr, b->d_b, j->bytes);
+                rc = f->copy_d2h(dev, CDEV_STREAM_D2H, h_dst, d_b, j->bytes);
             break;
         default: {
             const bench_gemm *g = j->g;
@@ -302,11 +333,75 @@ static void keep_fastest(double *best, double bytes, double seconds)
         *best = rate;
 }
 
+/* The largest cache a core of this process has (the last level), from
+ * sysfs for the first CPU it may run on, else sysconf; 0 when unknown. */
+static size_t last_level_cache(void)
+{
+    int cpu = 0;
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) == 0)
+        while (cpu < CPU_SETSIZE - 1 && !CPU_ISSET(cpu, &allowed))
+            cpu++;
+    size_t best = 0;
+    for (int i = 0; i < 16; i++) {
+        char path[128], unit = 0;
+        unsigned long long v = 0;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/cache/index%d/size", cpu, i);
+        FILE *f = fopen(path, "re");
+        if (!f)
+            break;
+        int got = fscanf(f, "%llu%c", &v, &unit);
+        fclose(f);
+        if (got < 1)
+            continue;
+        v *= unit == 'K' ? 1024ull : unit == 'M' ? 1048576ull : unit == 'G' ? 1073741824ull : 1;
+        if (v > best && v < SIZE_MAX / 8)
+            best = (size_t)v;
+    }
+    if (best)
+        return best;
+    /* sysconf may give the whole package's L3 (a VM's CPUID), larger than a
+     * core sees: regions sized from it are only larger than they need be. */
+    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE), l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l3 > 0 ? (size_t)l3 : l2 > 0 ? (size_t)l2 : 0;
+}
+
+/* What a CPU device's copy buffers span (bench_limits.copy_span): a step
+ * copies megabytes of variables, gradients and batches between distinct
+ * buffers that its GEMMs have pushed out of the caches, at memory speed.
+ * Copies repeated between the same two buffers of a few KiB ran from L1/L2
+ * at 50-130 GB/s on a machine whose triad gave 18 GB/s, a transfer term
+ * ten times too small. So every copy goes to the next region of buffers
+ * that each span twice the last-level cache, and a region comes back only
+ * after all the others have been copied: twice, not once, because an
+ * adaptive replacement policy keeps part of a loop over just the cache's
+ * size resident. */
+static size_t cpu_copy_span(bench_limits *L, size_t bytes, int cpu_devices)
+{
+    size_t llc = last_level_cache();
+    L->llc_bytes = llc;
+    size_t want = llc ? 2 * llc : (size_t)128 << 20;  /* unknown: a generous guess */
+    size_t span = bytes;
+    while (span < want && span <= SIZE_MAX / 8)
+        span *= 2;  /* a multiple of every copy size: no region is cut short */
+    /* Four buffers a device: h_src, d_a, d_b, h_dst. */
+    size_t room = bench_host_memory_allowance();
+    while (span > bytes && 4.0 * (double)span * cpu_devices > (double)room)
+        span /= 2;
+    if (span < want)
+        bench_note(L, "copies: host memory has room for emulated devices' buffers of %zu MiB "
+                   "only, less than twice the last-level cache (%zu MiB%s): their copy rate "
+                   "may be cache-hot", span >> 20, want >> 21, llc ? "" : ", a guess");
+    return span;
+}
+
 /* Each rate is the fastest over copies of L->copy_bytes down to 1/4096 of it
- * (every trial moves copy_bytes per device): a step copies whole arenas and
- * single layers, and where the "device" is host memory (the emulated CPU
- * devices) a copy that fits in a cache runs several times faster than one
- * that does not; on a GPU the largest copy is the fastest. */
+ * (1/64 with emulated devices; every trial moves copy_bytes per device): a
+ * step copies whole arenas and single layers. On a GPU the largest copy is
+ * the fastest, and pinned copies over PCIe do not care where the host's
+ * bytes are cached: the copies repeat between the same buffers. On an
+ * emulated CPU device they sweep regions larger than the cache
+ * (cpu_copy_span), as a step's do. */
 static void measure_copies(const bench_config *c, bench_limits *L, devset *ds,
                            castor__pool *pool)
 {
@@ -316,18 +411,26 @@ static void measure_copies(const bench_config *c, bench_limits *L, devset *ds,
     int trials = c->quick ? 3 : 7;
     /* Only CUDA pins: the emulated device's copies are memcpy (host/pinned.h). */
     L->copy_pinned = ds->cuda > 0;
-    L->copy_min_bytes = bytes >> 12 ? bytes >> 12 : bytes;
+    /* With emulated devices, from 1/64: thousands of copies to distinct
+     * regions before one synchronize spend their time in the emulated
+     * streams' ordering checks (one record each), not in copying (4 KiB
+     * copies took 3 s for 0.2 GB/s). */
+    int shift = ds->n > ds->cuda ? 6 : 12;
+    L->copy_min_bytes = bytes >> shift ? bytes >> shift : bytes;
+    L->copy_span = ds->n > ds->cuda ? cpu_copy_span(L, bytes, ds->n - ds->cuda) : 0;
     for (int i = 0; i < ds->n; i++) {
         dev_bufs *b = &bufs[i];
-        if (castor__host_alloc(&b->h_src, bytes, ds->cuda) ||
-            castor__host_alloc(&b->h_dst, bytes, ds->cuda)) {
-            bench_note(L, "copies: out of host memory for %zu-byte buffers", bytes);
+        b->sweep = strcmp(ds->dev[i]->iface->backend, "cuda") != 0;
+        b->span = b->sweep ? L->copy_span : bytes;
+        if (castor__host_alloc(&b->h_src, b->span, ds->cuda) ||
+            castor__host_alloc(&b->h_dst, b->span, ds->cuda)) {
+            bench_note(L, "copies: out of host memory for %zu-byte buffers", b->span);
             goto out;
         }
         L->copy_pinned &= b->h_src.locked & b->h_dst.locked;
-        memset(b->h_src.ptr, 1, bytes);
-        if (alloc_dev(ds->dev[i], bytes, &b->d_a, &b->a_bytes) ||
-            alloc_dev(ds->dev[i], bytes, &b->d_b, &b->b_bytes) ||
+        memset(b->h_src.ptr, 1, b->span);
+        if (alloc_dev(ds->dev[i], b->span, &b->d_a, &b->a_bytes) ||
+            alloc_dev(ds->dev[i], b->span, &b->d_b, &b->b_bytes) ||
             ds->dev[i]->iface->synchronize(ds->dev[i])) {
             bench_note(L, "copies: %s", ds->dev[i]->errmsg);
             goto out;

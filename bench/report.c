@@ -59,6 +59,16 @@ void bench_print_limits(FILE *out, const bench_config *c, const bench_limits *L)
                  "copies of %zu KiB .. %zu MiB%s)\n",
             a, b, L->replicas, L->copy_min_bytes >> 10, L->copy_bytes >> 20,
             L->copy_pinned ? ", pinned" : L->gpus ? ", NOT pinned" : ", emulated: memcpy");
+    if (L->copy_span) {
+        char llc[48] = "unknown";
+        if (L->llc_bytes)
+            snprintf(llc, sizeof llc, "%zu MiB", L->llc_bytes >> 20);
+        fprintf(out, "                   emulated devices: each copy to the next region of %zu MiB "
+                     "buffers (last-level cache %s),\n"
+                     "                   not cache-hot, as a step's copies between distinct "
+                     "buffers are\n",
+                L->copy_span >> 20, llc);
+    }
     fmt_num(a, sizeof a, "%.2f", L->d2h_one / 1e9);
     fmt_num(b, sizeof b, "%.2f", L->d2h_all / 1e9);
     fprintf(out, "  device->host     %8s GB/s one replica, %8s GB/s all %d at once\n", a, b,
@@ -343,6 +353,8 @@ static cJSON *json_limits(const bench_limits *L)
     cli_json_int(o, "replicas", L->replicas);
     cli_json_int(o, "copy_bytes", (int64_t)L->copy_bytes);
     cli_json_int(o, "copy_min_bytes", (int64_t)L->copy_min_bytes);
+    cli_json_int(o, "copy_cpu_span_bytes", (int64_t)L->copy_span);
+    cli_json_int(o, "last_level_cache_bytes", (int64_t)L->llc_bytes);
     cli_json_bool(o, "copy_host_pinned", L->copy_pinned);
     cli_json_num(o, "h2d_bytes_per_s", L->h2d_all);
     cli_json_num(o, "d2h_bytes_per_s", L->d2h_all);
@@ -352,10 +364,15 @@ static cJSON *json_limits(const bench_limits *L)
     cli_json_str(o, "copy_method",
                  "fastest of timed copies through the device interface (copy_h2d / copy_d2h on "
                  "their own streams, then synchronize) between host buffers (pinned by CUDA "
-                 "where a GPU is among the devices) and "
-                 "device memory, after one untimed, at every size from copy_min_bytes to "
-                 "copy_bytes by factors of 4 (each trial copying copy_bytes per device); h2d/d2h/both_directions: every replica at "
-                 "once, bytes summed over the replicas");
+                 "where a GPU is among the devices) and device memory, after one untimed, at "
+                 "every size from copy_min_bytes to copy_bytes by factors of 4 (each trial "
+                 "copying copy_bytes per device); h2d/d2h/both_directions: every replica at "
+                 "once, bytes summed over the replicas. cuda: every copy between the same "
+                 "buffers of copy_bytes (pinned PCIe copies do not depend on the CPU caches). "
+                 "cpu (emulated devices, memcpy): every copy to the next region of buffers of "
+                 "copy_cpu_span_bytes (twice last_level_cache_bytes, where host memory allows), "
+                 "so no copy finds its bytes in a cache, as a training step's copies of "
+                 "megabytes between distinct buffers do not");
     cli_json_num(o, "host_memory_bytes_per_s", L->triad_bw);
     cli_json_int(o, "host_threads", L->host_threads);
     cli_json_int(o, "triad_elements", (int64_t)L->triad_elems);

@@ -236,6 +236,30 @@ else
     bad "bench.json" "$(cat "$T/json.out")"
 fi
 
+# On emulated devices a copy is a memcpy in host memory, so its rate cannot
+# beat the host's memory bandwidth by much (a memcpy moves each byte twice:
+# it should come under the triad). Copies repeated between the same small
+# buffers ran from L1/L2 at 50-130 GB/s beside a triad of 18 GB/s, and the
+# transfer term of every CPU bound came out ten times too small.
+if python3 - "$JSON" >"$T/json.out" 2>&1 <<'EOF'
+import json, sys
+L = json.load(open(sys.argv[1]))["limits"]
+triad = L["host_memory_bytes_per_s"]
+for k in ("h2d_bytes_per_s", "d2h_bytes_per_s", "both_directions_bytes_per_s",
+          "h2d_one_replica_bytes_per_s", "d2h_one_replica_bytes_per_s"):
+    assert L[k] <= 2 * triad, f"{k} {L[k] / 1e9:.2f} GB/s > 2 x triad {triad / 1e9:.2f} GB/s"
+span, llc = L["copy_cpu_span_bytes"], L["last_level_cache_bytes"]
+assert span >= L["copy_bytes"] and span % L["copy_bytes"] == 0, L
+assert llc == 0 or span >= 2 * llc or "cache-hot" in L["note"], L
+assert "cpu (emulated devices" in L["copy_method"] and "cuda:" in L["copy_method"], L
+print("ok")
+EOF
+then
+    ok "emulated copies: not cache-hot (each rate at most 2 x the triad's)"
+else
+    bad "emulated copies against the host memory bandwidth" "$(cat "$T/json.out")"
+fi
+
 # Each bench.csv row says what its run's bench.json object says, column by
 # column (a column printing another field's value, d2h as h2d's bytes or
 # t_host as t_compute, passed every check above).
