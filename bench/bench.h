@@ -131,6 +131,9 @@ typedef struct bench_result {
     double loss;                        /* running loss of the last step (a sanity check) */
 
     /* Lower bound from the limits. */
+    double expected_h2d, expected_d2h;  /* bytes per step the replica loop should move
+                                           (bench_expected_bytes): the transfer term's */
+    int bytes_as_expected;              /* h2d/d2h_per_step within 1% of them */
     double flops;                       /* per step, all replicas (GEMMs only) */
     double host_bytes;                  /* per step, through host memory (reduction, optimizer) */
     double t_transfer, t_compute, t_host, lower_bound, ratio;
@@ -162,11 +165,14 @@ int bench_step_gemms(int input, int width, int depth, int classes, int rows, ben
  * L->note); a single limit that fails is NaN and noted. */
 int bench_limits_measure(const bench_config *c, bench_limits *L);
 void bench_limits_free(bench_limits *L);
-/* Fill r's lower-bound fields from the limits. */
+/* Fill r's lower-bound fields from the limits (and expected_h2d/d2h,
+ * bytes_as_expected). */
 void bench_lower_bound(const bench_config *c, const bench_limits *L, bench_result *r);
 /* The bytes the replica loop should move per step for r's configuration,
- * from the code (src/central.c, src/mirrored.c, src/replica.c), to check
- * the run statistics against. */
+ * from the code (src/central.c, src/mirrored.c, src/replica.c): the
+ * transfer term's bytes, and what the run statistics are checked against.
+ * (With a GPU each, whether mirrored fell back from NCCL to the host is
+ * read from the run's own d2h bytes: bench_mirrored_reduces_on_host.) */
 void bench_expected_bytes(const bench_config *c, const bench_limits *L, const bench_result *r,
                           double *h2d, double *d2h);
 /* Whether mirrored all-reduces through host memory for run r, as

@@ -169,6 +169,7 @@ void bench_print_table(FILE *out, const bench_config *c, const bench_result *r, 
     fprintf(out, "\nagainst the limits (ms per step; lower bound = the largest of transfer, "
                  "compute, host):\n");
     int below = 0;
+    char odd[256] = "";  /* the runs whose counted bytes are not the expected ones */
     fprintf(out, "%3s %-8s %6s %5s %6s %9s %9s %9s %10s %9s %9s %-9s %8s\n", "#", "strategy",
             "width", "depth", "batch", "step", "transfer", "compute", "GEMM GF/s", "host",
             "bound", "bound by", "ratio");
@@ -187,10 +188,14 @@ void bench_print_table(FILE *out, const bench_config *c, const bench_result *r, 
                 kind_name(x->strategy), x->width, x->depth, x->batch, s[0], s[1], s[2], s[3],
                 s[4], s[5], x->bound_by, s[6], x->ratio < 1.0 ? " !" : "");
         below += x->ratio < 1.0;
+        size_t len = strlen(odd);
+        if (!x->bytes_as_expected && len + 16 < sizeof odd)
+            snprintf(odd + len, sizeof odd - len, "%s%d", len ? ", " : "", i + 1);
     }
     fprintf(out,
-            "  transfer: this run's bytes at the all-replica copy rates (h2d, d2h, both at once: "
-            "the largest).\n"
+            "  transfer: the bytes the step should move (not the run's counts) at the all-replica "
+            "copy rates (h2d, d2h,\n"
+            "        both at once: the largest).\n"
             "  compute: the step's GEMMs (forward, dW, dX) at the rates measured at their shapes, "
             "all replicas at once.\n"
             "  host: castor's host kernels at this model's size, timed alone (the 'host step' "
@@ -200,6 +205,11 @@ void bench_print_table(FILE *out, const bench_config *c, const bench_result *r, 
             "        (central: the one pass that does both).\n"
             "  A term that could not be measured leaves no bound ('-'). ratio: measured step / "
             "lower bound (1 = at the limit).\n");
+    if (odd[0])
+        fprintf(out, "  run %s: the run stats counted other bytes than the replica loop should "
+                     "move (stderr; bench.json\n"
+                     "     bytes_as_expected): a regression to look into; the transfer term is "
+                     "the expected bytes'.\n", odd);
     if (below)
         fprintf(out, "  !: below 1, the run beat its bound: a limit came out slower than this run's "
                      "own work went, because\n"
@@ -252,7 +262,8 @@ int bench_write_csv(const char *path, const bench_config *c, const bench_result 
                "seconds_update,seconds_total,host_update_params_per_s,device_peak_bytes,"
                "host_pinned_bytes,host_rss_peak_run_bytes,host_rss_peak_scope,"
                "host_maxrss_process_bytes,step_flops,gemm_flops_per_s,host_memory_bytes_per_step,"
-               "t_transfer_s,t_compute_s,t_host_s,lower_bound_s,bound_by,ratio,loss\n");
+               "t_transfer_s,t_compute_s,t_host_s,lower_bound_s,bound_by,ratio,loss,"
+               "expected_h2d_bytes_per_step,expected_d2h_bytes_per_step,bytes_as_expected\n");
     for (int i = 0; i < n; i++) {
         const bench_result *x = &r[i];
         fprintf(f, "%s", kind_name(x->strategy));
@@ -263,7 +274,7 @@ int bench_write_csv(const char *path, const bench_config *c, const bench_result 
         csv_str(f, x->error);
         fprintf(f, ",%d", x->steps);
         if (!x->ok) {
-            fputs(",,,,,,,,,,,,,,,,,,,,,,,,,,,\n", f);
+            fputs(",,,,,,,,,,,,,,,,,,,,,,,,,,,,,,\n", f);
             continue;
         }
         csv_num(f, "%.9g", x->step_median);
@@ -293,6 +304,9 @@ int bench_write_csv(const char *path, const bench_config *c, const bench_result 
         fprintf(f, ",%s", x->bound_by);
         csv_num(f, "%.4g", x->ratio);
         csv_num(f, "%.6g", x->loss);
+        csv_num(f, "%.0f", x->expected_h2d);
+        csv_num(f, "%.0f", x->expected_d2h);
+        fprintf(f, ",%d", x->bytes_as_expected);
         fputc('\n', f);
     }
     int failed = ferror(f);
@@ -447,6 +461,9 @@ static cJSON *json_run(const bench_config *c, const bench_result *x)
     cli_json_num(o, "samples_per_s", x->samples_per_s);
     cli_json_num(o, "h2d_bytes_per_step", x->h2d_per_step);
     cli_json_num(o, "d2h_bytes_per_step", x->d2h_per_step);
+    cli_json_num(o, "expected_h2d_bytes_per_step", x->expected_h2d);
+    cli_json_num(o, "expected_d2h_bytes_per_step", x->expected_d2h);
+    cli_json_bool(o, "bytes_as_expected", x->bytes_as_expected);
     cli_json_num(o, "bus_bytes_per_s", x->bus_bw);
     cli_json_num(o, "seconds_replicas", x->sec_replicas);
     cli_json_num(o, "seconds_reduce", x->sec_reduce);
@@ -498,19 +515,22 @@ int bench_write_json(const char *path, const bench_config *c, const bench_limits
     cJSON_AddItemToObject(root, "limits", json_limits(L));
     cli_json_str(root, "lower_bound_method",
                  "max(transfer, compute, host): transfer = max(h2d/h2d_rate, d2h/d2h_rate, "
-                 "(h2d+d2h)/both_directions_rate) with this run's bytes; compute = sum of the "
-                 "step's GEMM times (forward x W, backward x^T dy and, above the first layer, "
-                 "dy W^T) at the busiest replica's rows, measured with every replica at once; "
-                 "host = castor's own host kernels timed alone at the run's parameter count "
-                 "(limits.host_step): the sum of the replicas' gradients where it runs on the "
-                 "host (central; mirrored with several replicas neither sharing one device nor "
-                 "on a GPU each, or without NCCL), plus the optimizer update wherever it runs in "
-                 "host memory (central: once on the host threads; mirrored: every emulated CPU "
-                 "device's at once, one thread each); host_memory_bytes_per_step gives the bytes "
-                 "those kernels move. Not counted: elementwise kernels, "
-                 "mirrored's all-reduce on the devices (NCCL, or on a device its replicas "
-                 "share: cuda:IxK, cpu:1xK) and its optimizer update on GPUs (no device memory "
-                 "rate is measured), so the bound only gets looser.");
+                 "(h2d+d2h)/both_directions_rate) with the bytes the replica loop should move "
+                 "(expected_h2d/d2h_bytes_per_step), not the run's own counts, so that a "
+                 "strategy copying more than it should gets no larger bound (bytes_as_expected: "
+                 "whether the counts h2d/d2h_bytes_per_step were within 1% of them); compute = "
+                 "sum of the step's GEMM times (forward x W, backward x^T dy and, above the "
+                 "first layer, dy W^T) at the busiest replica's rows, measured with every "
+                 "replica at once; host = castor's own host kernels timed alone at the run's "
+                 "parameter count (limits.host_step): the sum of the replicas' gradients where "
+                 "it runs on the host (central; mirrored with several replicas neither sharing "
+                 "one device nor on a GPU each, or without NCCL), plus the optimizer update "
+                 "wherever it runs in host memory (central: once on the host threads; mirrored: "
+                 "every emulated CPU device's at once, one thread each); "
+                 "host_memory_bytes_per_step gives the bytes those kernels move. Not counted: "
+                 "elementwise kernels, mirrored's all-reduce on the devices (NCCL, or on a "
+                 "device its replicas share: cuda:IxK, cpu:1xK) and its optimizer update on GPUs "
+                 "(no device memory rate is measured), so the bound only gets looser.");
     cJSON *runs = cJSON_AddArrayToObject(root, "runs");
     for (int i = 0; runs && i < n; i++)
         cJSON_AddItemToArray(runs, json_run(c, &r[i]));

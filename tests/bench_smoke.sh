@@ -219,6 +219,15 @@ for r in runs:
     assert abs(b["seconds"] - max(b["transfer_seconds"], b["compute_seconds"],
                                   b["host_seconds"])) <= 1e-12 * b["seconds"], b
     assert abs(b["ratio"] - r["step_seconds"] / b["seconds"]) < 1e-6 * b["ratio"], b
+    # The transfer term is the bytes the step should move (a run that copied
+    # more raised its own bound); here the counts are those bytes.
+    assert r["bytes_as_expected"] is True, r
+    h, dn = r["expected_h2d_bytes_per_step"], r["expected_d2h_bytes_per_step"]
+    assert abs(r["h2d_bytes_per_step"] - h) <= 0.01 * h, r
+    assert abs(r["d2h_bytes_per_step"] - dn) <= 0.01 * dn, r
+    want = max(h / L["h2d_bytes_per_s"], dn / L["d2h_bytes_per_s"],
+               (h + dn) / L["both_directions_bytes_per_s"])
+    assert abs(b["transfer_seconds"] - want) <= 1e-9 * want, (b, want)
 # Same model and data: both strategies move the same bytes per step here
 # (mirrored all-reduces through host memory on CPU devices).
 by = {(r["strategy"], r["width"]): r for r in runs}
@@ -268,6 +277,16 @@ import csv, json, math, sys
 runs = json.load(open(sys.argv[1]))["runs"]
 rows = list(csv.DictReader(open(sys.argv[2])))
 assert len(rows) == len(runs) == 4, (len(rows), len(runs))
+# New columns go at the end: a script that reads the columns by place keeps working.
+OLD = ("strategy,devices,replicas,optimizer,width,depth,batch,params,ok,error,steps,"
+       "step_median_s,step_min_s,step_max_s,samples_per_s,h2d_bytes_per_step,"
+       "d2h_bytes_per_step,bus_bytes_per_s,seconds_replicas,seconds_reduce,"
+       "seconds_update,seconds_total,host_update_params_per_s,device_peak_bytes,"
+       "host_pinned_bytes,host_rss_peak_run_bytes,host_rss_peak_scope,"
+       "host_maxrss_process_bytes,step_flops,gemm_flops_per_s,host_memory_bytes_per_step,"
+       "t_transfer_s,t_compute_s,t_host_s,lower_bound_s,bound_by,ratio,loss").split(",")
+header = next(csv.reader(open(sys.argv[2])))
+assert header[:len(OLD)] == OLD, header
 cols = {"step_median_s": "step_seconds", "step_min_s": "step_seconds_min",
         "step_max_s": "step_seconds_max", "samples_per_s": "samples_per_s",
         "h2d_bytes_per_step": "h2d_bytes_per_step", "d2h_bytes_per_step": "d2h_bytes_per_step",
@@ -280,12 +299,15 @@ cols = {"step_median_s": "step_seconds", "step_min_s": "step_seconds_min",
         "step_flops": "lb.step_flops", "gemm_flops_per_s": "lb.gemm_flops_per_s",
         "host_memory_bytes_per_step": "lb.host_memory_bytes_per_step",
         "t_transfer_s": "lb.transfer_seconds", "t_compute_s": "lb.compute_seconds",
-        "t_host_s": "lb.host_seconds", "lower_bound_s": "lb.seconds", "ratio": "lb.ratio"}
+        "t_host_s": "lb.host_seconds", "lower_bound_s": "lb.seconds", "ratio": "lb.ratio",
+        "expected_h2d_bytes_per_step": "expected_h2d_bytes_per_step",
+        "expected_d2h_bytes_per_step": "expected_d2h_bytes_per_step"}
 by = {(r["strategy"], r["width"], r["batch"]): r for r in runs}
 for row in rows:
     r = by[(row["strategy"], int(row["width"]), int(row["batch"]))]
     assert int(row["params"]) == r["params"] and row["ok"] == "1", (row, r)
     assert row["bound_by"] == r["lower_bound"]["bound_by"], (row, r)
+    assert row["bytes_as_expected"] == str(int(r["bytes_as_expected"])), (row, r)
     for col, key in cols.items():
         want = r["lower_bound"][key[3:]] if key.startswith("lb.") else r[key]
         got = row[col]
@@ -419,6 +441,9 @@ params = {8: 784 * 8 + 8 + 8 * 10 + 10, 256: 784 * 256 + 256 + 256 * 10 + 10}
 runs = json.load(open(sys.argv[1]))["runs"]
 rows = list(csv.DictReader(open(sys.argv[2])))
 assert len(runs) == 4 and len(rows) == 4, (runs, rows)
+# A failed run's row has every column, empty.
+widths = {len(f) for f in csv.reader(open(sys.argv[2]))}
+assert len(widths) == 1, widths
 for r, row in zip(runs, rows):
     w = r["width"]
     assert r["params"] == params[w] and int(row["params"]) == params[w], (r, row)

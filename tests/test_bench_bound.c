@@ -6,6 +6,8 @@
  */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bench/bench.h"
@@ -183,4 +185,61 @@ Test(bench_bound, host_bytes_count_the_sum_and_each_update)
     r = make_run(CASTOR_STRATEGY_CENTRAL, 2, 6);
     bench_lower_bound(&config, &limits, &r);
     cr_assert_float_eq(r.host_bytes, (3 + 3 - 2) * n4, 1e-9, "got %g", r.host_bytes);
+}
+
+/* The transfer term is the bytes the step should move, not the run's own
+ * counts: a strategy that regressed into copying three times the bytes got
+ * a transfer term three times larger, and a ratio nearer 1, with only a
+ * warning on stderr to say so. Now the bound stays, and bytes_as_expected
+ * (in bench.json and bench.csv) says that the counts were off. */
+Test(bench_bound, transfer_is_the_expected_bytes_not_the_counted_ones)
+{
+    make_limits(2, 2, 0, 0, 6);
+    limits.h2d_all = limits.d2h_all = limits.both_all = 1e6;  /* transfer-bound */
+    bench_result good = make_run(CASTOR_STRATEGY_CENTRAL, 2, 6);
+    bench_lower_bound(&config, &limits, &good);
+    cr_assert(good.bytes_as_expected);
+    cr_assert_eq(good.expected_h2d, good.h2d_per_step);
+    cr_assert_eq(good.expected_d2h, good.d2h_per_step);
+    cr_assert_str_eq(good.bound_by, "transfer");
+
+    bench_result bad = make_run(CASTOR_STRATEGY_CENTRAL, 2, 6);
+    bad.h2d_per_step *= 3;
+    bad.d2h_per_step *= 3;
+    bench_lower_bound(&config, &limits, &bad);
+    cr_assert_eq(bad.t_transfer, good.t_transfer, "%g, not the %g of the expected bytes",
+                 bad.t_transfer, good.t_transfer);
+    cr_assert_eq(bad.lower_bound, good.lower_bound);
+    cr_assert_not(bad.bytes_as_expected);
+    cr_assert_eq(bad.expected_h2d, good.expected_h2d);
+
+    /* One direction off is enough; within 1% is as expected. */
+    bench_result one = make_run(CASTOR_STRATEGY_MIRRORED, 2, 6);
+    one.d2h_per_step *= 1.02;
+    bench_lower_bound(&config, &limits, &one);
+    cr_assert_not(one.bytes_as_expected);
+    bench_result near = make_run(CASTOR_STRATEGY_MIRRORED, 2, 6);
+    near.h2d_per_step *= 1.005;
+    bench_lower_bound(&config, &limits, &near);
+    cr_assert(near.bytes_as_expected);
+}
+
+/* The table names the runs whose counts were off, beside the bound. */
+Test(bench_bound, the_table_names_runs_whose_bytes_were_off)
+{
+    make_limits(2, 2, 0, 0, 6);
+    bench_result r[2] = {make_run(CASTOR_STRATEGY_CENTRAL, 2, 6),
+                         make_run(CASTOR_STRATEGY_MIRRORED, 2, 6)};
+    r[1].h2d_per_step *= 2;
+    for (int i = 0; i < 2; i++)
+        bench_lower_bound(&config, &limits, &r[i]);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cr_assert(f);
+    bench_print_table(f, &config, r, 2);
+    fclose(f);
+    cr_assert(strstr(text, "run 2: the run stats counted other bytes"), "%s", text);
+    cr_assert_null(strstr(text, "run 1"), "%s", text);
+    free(text);
 }
