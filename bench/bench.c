@@ -125,27 +125,58 @@ static double rss_peak_now(void)
 
 /* ---- other processes ---------------------------------------------------- */
 
-/* CPU seconds the whole machine and this process have used, and when. */
+double bench_stat_busy(FILE *stat, const cpu_set_t *mask, long ticks_per_s, int *cpus)
+{
+    *cpus = 0;
+    double ticks = 0;
+    char *line = NULL;
+    size_t cap = 0;
+    /* The per-CPU lines follow the aggregate "cpu " line, before "intr". */
+    while (getline(&line, &cap, stat) > 0 && strncmp(line, "cpu", 3) == 0) {
+        unsigned long long v[8] = {0};
+        int cpu = -1;
+        /* Fields an older kernel lacks (iowait, irq, softirq, steal) stay 0. */
+        if (sscanf(line, "cpu%d %llu %llu %llu %llu %llu %llu %llu %llu", &cpu, &v[0], &v[1],
+                   &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]) < 5 ||
+            cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, mask))
+            continue;
+        /* user nice system [idle iowait] irq softirq steal: steal is time a
+         * hypervisor gave away, as lost to this process as another's. */
+        ticks += (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]);
+        ++*cpus;
+    }
+    free(line);
+    return *cpus ? ticks / (double)(ticks_per_s > 0 ? ticks_per_s : 100) : NAN;
+}
+
+double bench_others_share(double busy_a, double busy_b, double self_a, double self_b,
+                          double wall, int cpus)
+{
+    double others = (busy_b - busy_a) - (self_b - self_a);
+    double f = others / (wall * cpus);
+    /* Clock ticks and getrusage round differently: a little either side of
+     * the true share, never a share below none or above all. */
+    return isfinite(f) && cpus > 0 ? (f < 0 ? 0 : f > 1 ? 1 : f) : NAN;
+}
+
+/* CPU seconds the CPUs this process may run on and this process have
+ * used, and when. */
 typedef struct cpu_clock {
-    double machine_busy;  /* all CPUs, from /proc/stat; NaN if unreadable */
-    double self;          /* this process, user + system */
+    double busy;  /* the affinity mask's CPUs, from /proc/stat; NaN if unreadable */
+    int cpus;     /* how many */
+    double self;  /* this process, user + system */
     double wall;
 } cpu_clock;
 
 static void cpu_clock_read(cpu_clock *c)
 {
     c->wall = cli_now();
-    c->machine_busy = NAN;
-    FILE *f = fopen("/proc/stat", "r");
+    c->busy = NAN;
+    c->cpus = 0;
+    cpu_set_t mask;
+    FILE *f = sched_getaffinity(0, sizeof mask, &mask) == 0 ? fopen("/proc/stat", "re") : NULL;
     if (f) {
-        unsigned long long v[8] = {0};
-        if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
-                   &v[3], &v[4], &v[5], &v[6], &v[7]) == 8) {
-            /* user nice system [idle iowait] irq softirq steal */
-            double busy = (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]);
-            long tck = sysconf(_SC_CLK_TCK);
-            c->machine_busy = busy / (double)(tck > 0 ? tck : 100);
-        }
+        c->busy = bench_stat_busy(f, &mask, sysconf(_SC_CLK_TCK), &c->cpus);
         fclose(f);
     }
     struct rusage ru;
@@ -155,13 +186,15 @@ static void cpu_clock_read(cpu_clock *c)
                   (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
 }
 
-/* The share of all cores that other processes used between a and b. */
-static double others_fraction(const cpu_clock *a, const cpu_clock *b)
+/* The share of the mask's CPUs that other processes used between a and b.
+ * Over those CPUs only: the machine's aggregate line counted a busy loop
+ * on a core this process may not use (taskset), and said 102%. */
+static double others_fraction(const cpu_clock *a, const cpu_clock *b, int *cpus)
 {
-    double wall = b->wall - a->wall;
-    double others = (b->machine_busy - a->machine_busy) - (b->self - a->self);
-    double f = others / (wall * castor__cpu_count());
-    return isfinite(f) ? (f < 0 ? 0 : f) : NAN;
+    *cpus = b->cpus;
+    if (a->cpus != b->cpus)  /* the mask changed in between */
+        return NAN;
+    return bench_others_share(a->busy, b->busy, a->self, b->self, b->wall - a->wall, b->cpus);
 }
 
 /* ---- one run ------------------------------------------------------------- */
@@ -427,12 +460,12 @@ int castor_cli_bench(int argc, char **argv)
     cpu_clock_read(&look0);
     usleep(250000);
     cpu_clock_read(&look1);
-    c.others_before = others_fraction(&look0, &look1);
+    c.others_before = others_fraction(&look0, &look1, &c.others_cpus);
     if (c.others_before > 0.1)
         fprintf(stderr,
-                "castor: warning: bench: other processes are using %.0f%% of the %d cores: "
-                "the numbers will be noisy\n",
-                100.0 * c.others_before, castor__cpu_count());
+                "castor: warning: bench: other processes are using %.0f%% of the %d CPU%s this "
+                "process may run on: the numbers will be noisy\n",
+                100.0 * c.others_before, c.others_cpus, c.others_cpus == 1 ? "" : "s");
     cpu_clock during0;
     cpu_clock_read(&during0);
 
@@ -495,12 +528,12 @@ int castor_cli_bench(int argc, char **argv)
     double wall = cli_now() - t_start;
     cpu_clock during1;
     cpu_clock_read(&during1);
-    c.others_during = others_fraction(&during0, &during1);
+    c.others_during = others_fraction(&during0, &during1, &c.others_cpus);
     if (c.others_during > 0.1)
         fprintf(stderr,
-                "castor: warning: bench: other processes used %.0f%% of the cores while it ran: "
-                "the numbers are noisy\n",
-                100.0 * c.others_during);
+                "castor: warning: bench: other processes used %.0f%% of the %d CPU%s this "
+                "process may run on while it ran: the numbers are noisy\n",
+                100.0 * c.others_during, c.others_cpus, c.others_cpus == 1 ? "" : "s");
 
     bench_print_limits(stdout, &c, &L);
     bench_print_table(stdout, &c, res, total);

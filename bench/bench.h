@@ -20,6 +20,7 @@
 #ifndef CASTOR_BENCH_H
 #define CASTOR_BENCH_H
 
+#include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -47,9 +48,11 @@ typedef struct bench_config {
     int quick;
     const char *out_dir;
     int replicas;                         /* what the device list gives */
-    /* CPU time other processes used, as a fraction of all cores: in a short
-     * look before the bench, and during it (NaN: unknown). */
+    /* CPU time other processes used on the others_cpus CPUs of this
+     * process's affinity mask, as a fraction of their time (0 to 1): in a
+     * short look before the bench, and during it (NaN: unknown). */
     double others_before, others_during;
+    int others_cpus;
 } bench_config;
 
 /* The host's part of a step for a model of `params` variables: summing the
@@ -149,6 +152,16 @@ int bench_parse_args(int argc, char **argv, bench_config *c);
 /* Progress on stderr: redrawn on a terminal, plain lines otherwise. */
 void bench_progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void bench_progress_done(void);
+/* Busy seconds of the CPUs in mask, from /proc/stat's per-CPU lines (read
+ * from stat, the aggregate "cpu" line skipped): user, nice, system, irq,
+ * softirq and steal, at ticks_per_s clock ticks a second. *cpus: how many
+ * of the mask's CPUs had a line; NaN when none had. */
+double bench_stat_busy(FILE *stat, const cpu_set_t *mask, long ticks_per_s, int *cpus);
+/* The share of `cpus` CPUs' time over `wall` seconds that other processes
+ * used: the CPUs' busy seconds between two reads, less this process's CPU
+ * seconds, over wall x cpus; within [0, 1], NaN when unknown. */
+double bench_others_share(double busy_a, double busy_b, double self_a, double self_b,
+                          double wall, int cpus);
 
 /* ---- limits.c ---- */
 /* Append to L->note (the limits' remarks, printed and in bench.json). */

@@ -48,9 +48,17 @@ void bench_print_limits(FILE *out, const bench_config *c, const bench_limits *L)
             castor_optimizer_kind_name(c->optimizer), c->input, c->classes, c->steps, c->warmup);
     fmt_num(a, sizeof a, "%.0f%%", 100.0 * c->others_before);
     fmt_num(b, sizeof b, "%.0f%%", 100.0 * c->others_during);
-    fprintf(out, "%d cores; other processes used %s of them just before the bench, %s while "
-                 "it ran%s\n\n",
-            castor__cpu_count(), a, b,
+    /* Over the CPUs of the affinity mask, which a cgroup CPU quota does not
+     * shrink: the cores castor uses may then be fewer than the CPUs looked at. */
+    int cores = castor__cpu_count();
+    char over[96] = "of them";
+    if (c->others_cpus != cores)
+        snprintf(over, sizeof over, "of the %d CPU%s it may run on", c->others_cpus,
+                 c->others_cpus == 1 ? "" : "s");
+    fprintf(out, "%d core%s%s; other processes used %s %s just before the bench, %s while it "
+                 "ran%s\n\n",
+            cores, cores == 1 ? "" : "s", cores < c->others_cpus ? " (a CPU quota's)" : "", a,
+            over, b,
             c->others_during > 0.1 || c->others_before > 0.1 ? " (noisy numbers)" : "");
     fprintf(out, "limits, measured in this run (%.1f s):\n", L->seconds);
     fmt_num(a, sizeof a, "%.2f", L->h2d_one / 1e9);
@@ -511,6 +519,14 @@ int bench_write_json(const char *path, const bench_config *c, const bench_limits
     cli_json_int(root, "cpu_cores", castor__cpu_count());
     cli_json_num(root, "other_processes_cpu_before", c->others_before);
     cli_json_num(root, "other_processes_cpu_during", c->others_during);
+    cli_json_int(root, "other_processes_cpus", c->others_cpus);
+    cli_json_str(root, "other_processes_method",
+                 "the busy time of the other_processes_cpus CPUs in this process's affinity mask "
+                 "(their per-CPU lines of /proc/stat: user, nice, system, irq, softirq, steal) "
+                 "less this process's own CPU time, over wall time x those CPUs, within 0..1: "
+                 "before = a 0.25 s look before anything is measured, during = the limits and "
+                 "every run; CPUs outside the mask are not counted, and a cgroup CPU quota does "
+                 "not change which CPUs are (cpu_cores may then be fewer)");
     cJSON_AddItemToObject(root, "config", json_config(c));
     cJSON_AddItemToObject(root, "limits", json_limits(L));
     cli_json_str(root, "lower_bound_method",

@@ -465,6 +465,38 @@ else
     bad "a run that fails: status $rc" "$(cat "$T/json.out"; tail -n 5 "$T/stderr4")"
 fi
 
+# ---- other processes' share: over the CPUs this process may run on ----
+# taskset -c A castor bench beside a busy loop pinned to CPU B said that
+# other processes used 102% of the cores: /proc/stat's aggregate line (every
+# CPU, B's busy loop too) over the one core the bench may use, uncapped.
+read -r cpu_a cpu_b < <(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0))[:2])')
+if command -v taskset >/dev/null 2>&1 && [[ -n "${cpu_b:-}" ]]; then
+    taskset -c "$cpu_b" bash -c 'while :; do :; done' &
+    loop=$!
+    timeout 300 taskset -c "$cpu_a" "$BIN" bench --quick --devices cpu:1 --widths 64 --steps 2 \
+        --warmup 0 --out "$T/pinned" >"$T/stdout5" 2>"$T/stderr5"
+    rc=$?
+    kill "$loop"
+    wait "$loop" 2>/dev/null
+    if [[ $rc -eq 0 ]] && python3 - "$T/pinned/bench.json" >"$T/json.out" 2>&1 <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["other_processes_cpus"] == 1 and d["cpu_cores"] == 1, d
+for k in ("other_processes_cpu_before", "other_processes_cpu_during"):
+    assert 0 <= d[k] <= 1, (k, d[k])
+assert "affinity mask" in d["other_processes_method"], d
+print("ok")
+EOF
+    then
+        ok "taskset -c $cpu_a beside a busy loop on CPU $cpu_b: others' share of CPU $cpu_a, <= 100%"
+    else
+        bad "others' share under taskset: status $rc" \
+            "$(cat "$T/json.out"; head -n 3 "$T/stdout5"; tail -n 3 "$T/stderr5")"
+    fi
+else
+    ok "others' share under taskset: skipped (no taskset, or one CPU)"
+fi
+
 # ---- BENCH_OUT ----
 BENCH_OUT="$T/env" timeout 300 "$BIN" bench --quick --strategies central --widths 32 \
     --steps 1 --warmup 0 >"$T/stdout2" 2>"$T/stderr2"

@@ -243,3 +243,91 @@ Test(bench_bound, the_table_names_runs_whose_bytes_were_off)
     cr_assert_null(strstr(text, "run 1"), "%s", text);
     free(text);
 }
+
+/* ---- other processes' share of the cores (bench.c) ---- */
+
+/* /proc/stat's first lines: the aggregate, then one a CPU. user nice system
+ * idle iowait irq softirq steal guest guest_nice, in clock ticks. */
+static double busy_of(const char *stat, const cpu_set_t *mask, int *cpus)
+{
+    FILE *f = fmemopen((void *)stat, strlen(stat), "r");
+    cr_assert(f);
+    double s = bench_stat_busy(f, mask, 100, cpus);
+    fclose(f);
+    return s;
+}
+
+/* taskset -c 0 castor bench ... beside a busy loop pinned to CPU 1 said
+ * that other processes used 102% of the cores: the busy time was the
+ * aggregate line's (every CPU), divided by the one core the bench may use,
+ * and not capped. CPU 1 is not this process's to share. */
+Test(bench_others, a_busy_loop_on_a_cpu_outside_the_mask_is_not_counted)
+{
+    const char *a = "cpu  1000 0 200 5000 0 0 0 0 0 0\n"
+                    "cpu0 500 0 100 4000 0 0 0 0 0 0\n"
+                    "cpu1 500 0 100 1000 0 0 0 0 0 0\n"
+                    "intr 12345 0 0\n";
+    /* One second later: the bench used 0.9 s of CPU 0 (90 ticks), another
+     * process 0.05 s of it; the busy loop all of CPU 1. */
+    const char *b = "cpu  1295 0 200 5005 0 0 0 0 0 0\n"
+                    "cpu0 595 0 100 4005 0 0 0 0 0 0\n"
+                    "cpu1 600 0 100 1000 0 0 0 0 0 0\n"
+                    "intr 12399 0 0\n";
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    CPU_SET(0, &mask);
+    int na, nb;
+    double ba = busy_of(a, &mask, &na), bb = busy_of(b, &mask, &nb);
+    cr_assert_eq(na, 1);
+    cr_assert_eq(nb, 1);
+    cr_assert_float_eq(ba, 6.0, 1e-9, "cpu0's user + system: %g s", ba);
+    cr_assert_float_eq(bb, 6.95, 1e-9);
+    double share = bench_others_share(ba, bb, 10.0, 10.9, 1.0, na);
+    cr_assert_float_eq(share, 0.05, 1e-9, "%g", share);
+
+    /* Over both CPUs: the busy loop is another process's, on a CPU this one
+     * may use. */
+    CPU_SET(1, &mask);
+    ba = busy_of(a, &mask, &na);
+    bb = busy_of(b, &mask, &nb);
+    cr_assert_eq(na, 2);
+    share = bench_others_share(ba, bb, 10.0, 10.9, 1.0, na);
+    cr_assert_float_eq(share, (1.95 - 0.9) / 2.0, 1e-9, "%g", share);
+}
+
+/* Ticks and getrusage round apart: a share past all or below none is
+ * clamped; unknown stays unknown. */
+Test(bench_others, the_share_is_within_0_and_1)
+{
+    cr_assert_eq(bench_others_share(0.0, 1.2, 0.0, 0.0, 1.0, 1), 1.0);
+    cr_assert_eq(bench_others_share(0.0, 0.5, 0.0, 0.6, 1.0, 1), 0.0);
+    cr_assert(isnan(bench_others_share(NAN, 1.0, 0.0, 0.0, 1.0, 1)));
+    cr_assert(isnan(bench_others_share(0.0, 1.0, 0.0, 0.0, 1.0, 0)));
+}
+
+/* Steal, irq and softirq count as busy (time the CPU did not give anyone
+ * here), idle and iowait do not; an old kernel's four fields still read;
+ * CPUs of the mask without a line (offline) are not counted. */
+Test(bench_others, busy_fields_and_missing_cpus)
+{
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    CPU_SET(0, &mask);
+    CPU_SET(3, &mask);
+    int n;
+    double s = busy_of("cpu  9 9 9 9 9 9 9 9 9 9\n"
+                       "cpu0 1 2 3 1000 2000 4 5 6 7 8\n"
+                       "cpu1 100 100 100 100\n",
+                       &mask, &n);
+    cr_assert_eq(n, 1);
+    cr_assert_float_eq(s, (1 + 2 + 3 + 4 + 5 + 6) / 100.0, 1e-12, "%g", s);
+    CPU_ZERO(&mask);
+    CPU_SET(1, &mask);
+    s = busy_of("cpu  9 9 9 9\ncpu0 1 1 1 1\ncpu1 10 20 30 40\n", &mask, &n);
+    cr_assert_eq(n, 1);
+    cr_assert_float_eq(s, 0.6, 1e-12, "%g", s);
+    CPU_ZERO(&mask);
+    CPU_SET(5, &mask);
+    cr_assert(isnan(busy_of("cpu  1 1 1 1\ncpu0 1 1 1 1\n", &mask, &n)));
+    cr_assert_eq(n, 0);
+}
