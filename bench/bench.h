@@ -139,8 +139,14 @@ typedef struct bench_result {
     int bytes_as_expected;              /* h2d/d2h_per_step within 1% of them */
     double flops;                       /* per step, all replicas (GEMMs only) */
     double host_bytes;                  /* per step, through host memory (reduction, optimizer) */
+    /* lower_bound: the largest term, a bound even for an implementation that
+     * overlaps them all; ratio = step_median / it. */
     double t_transfer, t_compute, t_host, lower_bound, ratio;
     const char *bound_by;               /* "transfer", "compute" or "host" */
+    /* The sum of the terms, the bound for phases that run one after another
+     * (as castor's do, but for a GPU's copies beside its GEMMs), and
+     * step_median / it. */
+    double serial_bound, serial_ratio;
 } bench_result;
 
 /* ---- flags.c ---- */

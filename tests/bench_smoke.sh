@@ -200,6 +200,7 @@ for k in ("h2d_bytes_per_s", "d2h_bytes_per_s", "both_directions_bytes_per_s",
     v = L[k]
     assert isinstance(v, (int, float)) and v > 0 and math.isfinite(v), (k, v)
 assert L["backend"] == "cpu" and L["replicas"] == 2, L
+assert "overlaps" in d["lower_bound_method"] and "serial_seconds" in d["lower_bound_method"]
 g = L["gemm"]
 assert len(g) >= 5 and all(x["flops_per_s"] > 0 and x["seconds"] > 0 for x in g), g
 runs = d["runs"]
@@ -219,6 +220,12 @@ for r in runs:
     assert abs(b["seconds"] - max(b["transfer_seconds"], b["compute_seconds"],
                                   b["host_seconds"])) <= 1e-12 * b["seconds"], b
     assert abs(b["ratio"] - r["step_seconds"] / b["seconds"]) < 1e-6 * b["ratio"], b
+    # Beside the largest term (a bound for an implementation that overlaps
+    # everything), their sum: the bound for phases that run in turn.
+    total = b["transfer_seconds"] + b["compute_seconds"] + b["host_seconds"]
+    assert abs(b["serial_seconds"] - total) <= 1e-9 * total, b
+    assert b["serial_seconds"] >= b["seconds"], b
+    assert abs(b["serial_ratio"] - r["step_seconds"] / total) < 1e-6 * b["serial_ratio"], b
     # The transfer term is the bytes the step should move (a run that copied
     # more raised its own bound); here the counts are those bytes.
     assert r["bytes_as_expected"] is True, r
@@ -301,7 +308,8 @@ cols = {"step_median_s": "step_seconds", "step_min_s": "step_seconds_min",
         "t_transfer_s": "lb.transfer_seconds", "t_compute_s": "lb.compute_seconds",
         "t_host_s": "lb.host_seconds", "lower_bound_s": "lb.seconds", "ratio": "lb.ratio",
         "expected_h2d_bytes_per_step": "expected_h2d_bytes_per_step",
-        "expected_d2h_bytes_per_step": "expected_d2h_bytes_per_step"}
+        "expected_d2h_bytes_per_step": "expected_d2h_bytes_per_step",
+        "serial_bound_s": "lb.serial_seconds", "serial_ratio": "lb.serial_ratio"}
 by = {(r["strategy"], r["width"], r["batch"]): r for r in runs}
 for row in rows:
     r = by[(row["strategy"], int(row["width"]), int(row["batch"]))]
@@ -402,17 +410,22 @@ for r in runs:
     b = r["lower_bound"]
     assert b["transfer_seconds"] is None and b["seconds"] is None, b
     assert b["ratio"] is None and b["bound_by"] == "-", b
+    assert b["serial_seconds"] is None and b["serial_ratio"] is None, b
     assert b["compute_seconds"] > 0, b
     assert (b["host_seconds"] is None) == (r["width"] == 256), (r["width"], b)
 rows = list(csv.DictReader(open(sys.argv[2])))
 assert len(rows) == 4, rows
 for row in rows:
     assert row["lower_bound_s"] == "" and row["ratio"] == "" and row["bound_by"] == "-", row
+    assert row["serial_bound_s"] == "" and row["serial_ratio"] == "", row
     assert float(row["t_compute_s"]) > 0, row
-table = open(sys.argv[3]).read().split("against the limits")[1].splitlines()[2:6]
+table = [line for line in open(sys.argv[3]).read().split("against the limits")[1].splitlines()
+         if line.split()[1:2] in (["central"], ["mirrored"])]
+assert len(table) == 4, table
 for line in table:
     f = line.split()
-    assert f[6] == "-" and f[10:] == ["-", "-", "-"], line
+    # bound, bound by, ratio, sum, step/sum
+    assert f[6] == "-" and f[10:] == ["-"] * 5, line
 print("ok")
 EOF
     then

@@ -331,3 +331,26 @@ Test(bench_others, busy_fields_and_missing_cpus)
     cr_assert(isnan(busy_of("cpu  1 1 1 1\ncpu0 1 1 1 1\n", &mask, &n)));
     cr_assert_eq(n, 0);
 }
+
+/* The bound is the largest term (no implementation beats it, even one that
+ * overlaps everything); castor runs its phases in turn, so each run also
+ * gets their sum. Central's host pass, below the largest term, vanished
+ * from the bound; it is in the sum. */
+Test(bench_bound, the_sum_of_the_terms_beside_the_largest)
+{
+    make_limits(2, 2, 0, 0, 6);
+    bench_result r = make_run(CASTOR_STRATEGY_CENTRAL, 2, 6);
+    bench_lower_bound(&config, &limits, &r);
+    cr_assert_eq(r.lower_bound, fmax(fmax(r.t_transfer, r.t_compute), r.t_host),
+                 "the bound is still the largest term");
+    double sum = r.t_transfer + r.t_compute + r.t_host;
+    cr_assert_float_eq(r.serial_bound, sum, 1e-15, "%g, not %g", r.serial_bound, sum);
+    cr_assert_gt(r.serial_bound, r.lower_bound);
+    cr_assert_float_eq(r.serial_ratio, r.step_median / sum, 1e-12);
+
+    /* A term that could not be measured leaves neither. */
+    limits.h2d_all = limits.d2h_all = limits.both_all = NAN;  /* as a failed copy leaves them */
+    r = make_run(CASTOR_STRATEGY_CENTRAL, 2, 6);
+    bench_lower_bound(&config, &limits, &r);
+    cr_assert(isnan(r.serial_bound) && isnan(r.serial_ratio) && isnan(r.lower_bound));
+}
