@@ -219,7 +219,11 @@ static void *log_thread(void *arg)
     castor_strategy *s = NULL;
     castor_model *m = tsan_model(&r->setup, &so, &s);
     castor_dataset *ds = tsan_data(31, 90);
-    if (m && ds) {
+    /* One step first: a model's first fit uploads mirrored's optimizer
+     * state, where a refused copy stops the fit before any step. */
+    if (m && ds && tsan_fit(m, ds, 1, 30, 1) != CASTOR_OK) {
+        CHECK(0, "log: first fit: %s", castor_model_errmsg(m));
+    } else if (m && ds) {
         const cdev_iface *real[3];
         cdev_iface failing[3];
         for (int i = 0; i < 3; i++) {
