@@ -226,6 +226,20 @@ void castor__replica_free_training(castor__replica *r)
     castor__host_free(&r->h_grads);
 }
 
+void castor__replica_release_acts(castor__replica *r)
+{
+    if (r->d_act_arena)
+        castor__cdev_free(r->dev, r->d_act_arena, r->act_bytes);
+    r->d_act_arena = NULL;
+    r->d_x = r->d_acts = r->d_delta[0] = r->d_delta[1] = NULL;
+    r->d_targets = r->d_row_stats = NULL;
+    r->d_labels = NULL;
+    r->act_bytes = 0;
+    r->act_backward = 0;
+    r->cap = 0;
+    castor__host_free(&r->h_row_stats);
+}
+
 int castor__replica_reserve(castor__replica *r, const castor_model *m, int rows, int backward)
 {
     if (rows <= r->cap && (r->act_backward || !backward))
@@ -240,17 +254,7 @@ int castor__replica_reserve(castor__replica *r, const castor_model *m, int rows,
     if (total > dev->budget || others > dev->budget - total)
         return too_big(dev, m, rows, r->mirrored, backward);
 
-    if (r->d_act_arena) {
-        castor__cdev_free(dev, r->d_act_arena, r->act_bytes);
-        r->d_act_arena = NULL;
-        r->d_x = r->d_acts = r->d_delta[0] = r->d_delta[1] = NULL;
-        r->d_targets = r->d_row_stats = NULL;
-        r->d_labels = NULL;
-        r->act_bytes = 0;
-        r->act_backward = 0;
-        r->cap = 0;
-    }
-    castor__host_free(&r->h_row_stats);
+    castor__replica_release_acts(r);
 
     void *arena = NULL;
     int rc = castor__cdev_alloc(dev, total, &arena);

@@ -81,6 +81,9 @@ int castor__replica_check_training_room(const castor__replica *r, const castor_m
 int castor__replica_alloc_training(castor__replica *r, const castor_model *m,
                                    const float *h_state);
 void castor__replica_free_training(castor__replica *r);
+/* Give back the activation buffers (between calls: nothing is queued on
+ * them); the next reserve allocates anew. */
+void castor__replica_release_acts(castor__replica *r);
 /* (Re)allocate activation buffers for `rows` rows, with the backward
  * pass's when `backward` (an arena without them is grown anew for it). */
 int castor__replica_reserve(castor__replica *r, const castor_model *m, int rows, int backward);

@@ -300,6 +300,15 @@ static int alloc_training(castor_model *m, int per)
         if (rc)
             return castor__model_fail(m, rc, "%s", rt->reps[i].dev->errmsg);
     }
+    /* The activations an evaluate or predict grew hold no backward
+     * buffers, so the reserve after this replaces them anyway: given back
+     * first, or they took the room the check above counted for the
+     * training buffers, and a fit after a big-batch evaluate was refused,
+     * every time. */
+    for (int i = 0; i < rt->n; i++)
+        if (!rt->reps[i].act_backward)
+            castor__replica_release_acts(&rt->reps[i]);
+    rt->rows_capacity = 0;
     /* Only mirrored keeps the sum of the gradients (to upload it); central's
      * update sums them as it goes. */
     if (s->ops->device_state &&
@@ -319,8 +328,6 @@ static int alloc_training(castor_model *m, int per)
         }
     }
     rt->training = 1;
-    /* The activations grow the backward pass's buffers at the next reserve. */
-    rt->rows_capacity = 0;
     return CASTOR_OK;
 }
 

@@ -486,6 +486,43 @@ Test(train, variables_that_fit_without_their_gradients_evaluate_mirrored)
     variables_fit_without_their_gradients(CASTOR_STRATEGY_MIRRORED);
 }
 
+/* An evaluate of a big batch before the first fit left a forward-only
+ * activation arena that the first fit's training buffers were refused
+ * beside (the check counted the arena the fit would replace, the
+ * allocation found it still held): the fit failed, and every fit after it,
+ * on a budget it fits in. 1 MiB (central; 1400 KiB mirrored, whose
+ * replica holds the optimizer state too) holds a 350-row evaluation
+ * (978,688 bytes) and a 16-row fit, not both at once. */
+static void fit_after_a_big_evaluate(castor_strategy_kind kind, size_t budget,
+                                     size_t training_bytes)
+{
+    castor_dataset *ds = support_synthetic(6, 400, LAZY_F, 10);
+    castor_strategy *s = lazy_strategy(kind, budget);
+    castor_model *m = lazy_model(s);
+    castor_metrics met;
+    cr_assert_eq(castor_model_evaluate(m, ds, 350, &met), CASTOR_OK, "%s",
+                 castor_model_errmsg(m));
+    cr_assert_gt(castor_model_device_peak_bytes(m) + training_bytes, budget,
+                 "the evaluation and the gradients fit at once: the test shows nothing");
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.batch_size = 16;
+    fo.max_steps = 1;
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s, fit %d: %s",
+                     castor_strategy_kind_name(kind), k, castor_model_errmsg(m));
+    cr_assert_eq(castor_model_step(m), 2);
+    castor_model_free(m);
+    castor_strategy_free(s);
+    castor_dataset_free(ds);
+}
+
+Test(train, a_fit_after_a_big_evaluate_has_its_room)
+{
+    /* The training buffers: the gradients, and mirrored Adam's m and v. */
+    fit_after_a_big_evaluate(CASTOR_STRATEGY_CENTRAL, (size_t)1 << 20, 153640);
+    fit_after_a_big_evaluate(CASTOR_STRATEGY_MIRRORED, (size_t)1400 << 10, 3 * 153640);
+}
+
 static int stop_after_three(void *user, const castor_progress *p)
 {
     int *calls = user;
