@@ -13,6 +13,7 @@
  */
 #include "bench/bench.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -133,12 +134,20 @@ double bench_stat_busy(FILE *stat, const cpu_set_t *mask, long ticks_per_s, int 
     size_t cap = 0;
     /* The per-CPU lines follow the aggregate "cpu " line, before "intr". */
     while (getline(&line, &cap, stat) > 0 && strncmp(line, "cpu", 3) == 0) {
+        /* Only "cpuN": "%d" would skip the aggregate line's spaces and take
+         * its user ticks for a CPU number, counting every CPU's time again
+         * as one CPU of the mask's wherever they were small. */
+        if (!isdigit((unsigned char)line[3]))
+            continue;
+        char *after = NULL;
+        errno = 0;
+        unsigned long cpu = strtoul(line + 3, &after, 10);
+        if (errno || cpu >= CPU_SETSIZE || !CPU_ISSET((int)cpu, mask))
+            continue;
         unsigned long long v[8] = {0};
-        int cpu = -1;
         /* Fields an older kernel lacks (iowait, irq, softirq, steal) stay 0. */
-        if (sscanf(line, "cpu%d %llu %llu %llu %llu %llu %llu %llu %llu", &cpu, &v[0], &v[1],
-                   &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]) < 5 ||
-            cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, mask))
+        if (sscanf(after, "%llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
+                   &v[3], &v[4], &v[5], &v[6], &v[7]) < 4)
             continue;
         /* user nice system [idle iowait] irq softirq steal: steal is time a
          * hypervisor gave away, as lost to this process as another's. */

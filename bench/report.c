@@ -52,7 +52,9 @@ void bench_print_limits(FILE *out, const bench_config *c, const bench_limits *L)
      * shrink: the cores castor uses may then be fewer than the CPUs looked at. */
     int cores = castor__cpu_count();
     char over[96] = "of them";
-    if (c->others_cpus != cores)
+    if (c->others_cpus <= 0)  /* /proc/stat unreadable: the shares are unknown too */
+        snprintf(over, sizeof over, "of its CPUs (unknown)");
+    else if (c->others_cpus != cores)
         snprintf(over, sizeof over, "of the %d CPU%s it may run on", c->others_cpus,
                  c->others_cpus == 1 ? "" : "s");
     fprintf(out, "%d core%s%s; other processes used %s %s just before the bench, %s while it "

@@ -491,6 +491,9 @@ if command -v taskset >/dev/null 2>&1 && [[ -n "${cpu_b:-}" ]]; then
     rc=$?
     kill "$loop"
     wait "$loop" 2>/dev/null
+    # The CPUs looked at are the mask's one; the share's arithmetic (the busy
+    # loop's CPU left out) is the unit tests' (test_bench_bound.c,
+    # bench_others): here the other CPU's load is not knowable enough to bound.
     if [[ $rc -eq 0 ]] && python3 - "$T/pinned/bench.json" >"$T/json.out" 2>&1 <<'EOF'
 import json, sys
 d = json.load(open(sys.argv[1]))

@@ -295,6 +295,33 @@ Test(bench_others, a_busy_loop_on_a_cpu_outside_the_mask_is_not_counted)
     cr_assert_float_eq(share, (1.95 - 0.9) / 2.0, 1e-9, "%g", share);
 }
 
+/* "cpu%d" skipped the aggregate line's spaces and read its user ticks as a
+ * CPU number: where they were small (a fresh container's virtual
+ * /proc/stat, a VM just booted) and in the mask, every CPU's time was
+ * counted again as one more CPU's (and 2^32 + 1 read as CPU 1). */
+Test(bench_others, the_aggregate_line_is_no_cpu)
+{
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    CPU_SET(0, &mask);
+    CPU_SET(1, &mask);
+    const char *small = "cpu  1 0 1 900 0 0 0 0 0 0\n"
+                        "cpu0 1 0 0 450 0 0 0 0 0 0\n"
+                        "cpu1 0 0 1 450 0 0 0 0 0 0\n"
+                        "intr 1 0\n";
+    int n;
+    double busy = busy_of(small, &mask, &n);
+    cr_assert_eq(n, 2, "%d CPUs counted, of two", n);
+    cr_assert_float_eq(busy, 0.02, 1e-12, "%g s busy", busy);
+    const char *wide = "cpu  4294967297 0 0 900 0 0 0 0 0 0\n"
+                       "cpu0 100 0 0 450 0 0 0 0 0 0\n"
+                       "cpu1 100 0 0 450 0 0 0 0 0 0\n"
+                       "intr 1 0\n";
+    busy = busy_of(wide, &mask, &n);
+    cr_assert_eq(n, 2, "%d CPUs counted, of two", n);
+    cr_assert_float_eq(busy, 2.0, 1e-12, "%g s busy", busy);
+}
+
 /* Ticks and getrusage round apart: a share past all or below none is
  * clamped; unknown stays unknown. */
 Test(bench_others, the_share_is_within_0_and_1)
