@@ -422,10 +422,11 @@ static void measure_copies(const bench_config *c, bench_limits *L, devset *ds,
     int trials = c->quick ? 3 : 7;
     /* Only CUDA pins: the emulated device's copies are memcpy (host/pinned.h). */
     L->copy_pinned = ds->cuda > 0;
-    /* With emulated devices, from 1/64: thousands of copies to distinct
-     * regions before one synchronize spend their time in the emulated
-     * streams' ordering checks (one record each), not in copying (4 KiB
-     * copies took 3 s for 0.2 GB/s). */
+    /* With emulated devices among them (GPUs in a mixed list too), from
+     * 1/64: thousands of copies to distinct regions before one synchronize
+     * spend their time in the emulated streams' ordering checks (one record
+     * each), not in copying (4 KiB copies took 3 s for 0.2 GB/s). GPUs alone
+     * from 1/4096. */
     int shift = ds->n > ds->cuda ? 6 : 12;
     L->copy_min_bytes = bytes >> shift ? bytes >> shift : bytes;
     L->copy_span = ds->n > ds->cuda ? cpu_copy_span(L, bytes, ds->n - ds->cuda) : 0;
