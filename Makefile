@@ -188,7 +188,7 @@ uninstall:
 	    "$(DESTDIR)$(PKGCONFIGDIR)/castor.pc"
 
 # ---- tests ----
-# The bench's bound and byte counts (bench/limits.c) are tested as functions
+# The bench's bound and byte counts (bench/bound.c) are tested as functions
 # (tests/test_bench_bound.c) at placements this machine cannot open: the
 # program's objects, less its main, link into the suite.
 TEST_CLI_OBJ = $(filter-out $(BUILD)/obj/src/cli/main.o,$(CLI_OBJ))

@@ -5,8 +5,9 @@
  *   bench.c   the grid of runs, one run through the public API
  *   flags.c   the flags, their defaults and the help text
  *   limits.c  the limits, measured in the same process: copy bandwidth over
- *             the device interface, the GEMM rate at the model's shapes;
- *             and each run's lower-bound step time from them
+ *             the device interface, the GEMM rate at the model's shapes
+ *   bound.c   each run's lower-bound step time from them, and the bytes a
+ *             step should move
  *   host_limits.c  the host's: memory bandwidth (a triad on the host pool)
  *             and castor's host reduction and optimizer at each model size
  *   report.c  the table on stdout, bench.csv and bench.json
@@ -179,11 +180,16 @@ double bench_fastest(const double *v, int n);
  * returns how many there are (which may exceed cap). */
 int bench_step_gemms(int input, int width, int depth, int classes, int rows, bench_gemm *out,
                      int cap);
+/* The measured GEMM of g's shape, or NULL. */
+const bench_gemm *bench_find_gemm(const bench_limits *L, const bench_gemm *g);
+/* Rows of a global batch the busiest replica holds. */
+int bench_rows_per_replica(int batch, int replicas);
 /* Measure every limit for the configuration (all GEMM shapes of its grid).
  * Returns 0, or -1 when the devices could not even be opened (message in
  * L->note); a single limit that fails is NaN and noted. */
 int bench_limits_measure(const bench_config *c, bench_limits *L);
 void bench_limits_free(bench_limits *L);
+/* ---- bound.c ---- */
 /* Fill r's lower-bound fields from the limits (and expected_h2d/d2h,
  * bytes_as_expected). */
 void bench_lower_bound(const bench_config *c, const bench_limits *L, bench_result *r);

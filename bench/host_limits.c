@@ -1,5 +1,5 @@
 /*
- * The host's limits, for castor bench (see limits.c for how they are used):
+ * The host's limits, for castor bench (see bound.c for how they are used):
  *
  *   host memory      a triad a[i] = b[i] + s*c[i] over three 64 MiB arrays
  *                    (larger than most caches: a machine with a bigger
