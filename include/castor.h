@@ -423,7 +423,9 @@ CASTOR_API int castor_model_fit(castor_model *model, const castor_dataset *train
  * activation buffers (device memory, and host memory on emulated CPU
  * devices) for the largest batch any fit, evaluate or predict has run,
  * until the model is freed or compiled again (or its strategy freed): a
- * one-off call with a huge batch holds that memory as long. */
+ * one-off call with a huge batch holds that memory as long. The model's
+ * first fit is the exception: it gives back the forward-only buffers of an
+ * earlier evaluate or predict and reserves for its own batches. */
 CASTOR_API int castor_model_evaluate(castor_model *model, const castor_dataset *data,
                                      int batch_size, castor_metrics *out);
 /* Outputs of the last layer (logits for a softmax cross-entropy model) for
@@ -471,9 +473,14 @@ typedef struct castor_run_stats {
                                    all-reduce) and the device update */
     double seconds_total;       /* whole steps */
     size_t device_peak_bytes;   /* most device memory one replica has held */
-    size_t host_bytes;          /* host memory held for the model: pinned by CUDA
-                                   where the strategy has a GPU; ordinary (not
-                                   mlock'd) memory for emulated CPU devices */
+    size_t host_bytes;          /* the model's own host buffers: the variables,
+                                   the optimizer state, from the first fit the
+                                   gradients' host buffers, and a batch's row
+                                   statistics; pinned by CUDA
+                                   where the strategy has a GPU, ordinary (not
+                                   mlock'd) memory for emulated CPU devices,
+                                   whose device memory, host memory too, is
+                                   not counted here */
 } castor_run_stats;
 
 CASTOR_API int castor_model_run_stats(const castor_model *model, castor_run_stats *out);

@@ -121,20 +121,21 @@ static int too_big(cdev *dev, const castor_model *m, int rows, int mirrored, int
         return castor__cdev_fail(
             dev, CASTOR_DEVICE_MEMORY,
             "the model needs %zu bytes of device memory per replica on %s before any batch's "
-            "activations (variables %zu; to train, also gradients %zu%s), but the device's "
-            "budget is %zu bytes",
+            "activations (variables %zu; to train, also gradients %zu%s), but the budget is "
+            "%zu bytes a replica there (the device's, split among the replicas that share it)",
             need, dev->name, params, params, state_part, dev->budget);
     if (!training)
         return castor__cdev_fail(
             dev, CASTOR_DEVICE_MEMORY,
             "the model needs %zu bytes of device memory per replica on %s (variables %zu, "
-            "activations for %d rows %zu), but the device's budget is %zu bytes",
+            "activations for %d rows %zu), but the budget is %zu bytes a replica "
+            "there (the device's, split among the replicas that share it)",
             need, dev->name, params, rows, acts, dev->budget);
     return castor__cdev_fail(
         dev, CASTOR_DEVICE_MEMORY,
         "the model needs %zu bytes of device memory per replica on %s to train (variables "
-        "%zu, gradients %zu%s, activations for %d rows %zu), but the device's budget is %zu "
-        "bytes",
+        "%zu, gradients %zu%s, activations for %d rows %zu), but the budget is %zu bytes a "
+        "replica there (the device's, split among the replicas that share it)",
         need, dev->name, params, params, state_part, rows, acts, dev->budget);
 }
 

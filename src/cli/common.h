@@ -22,8 +22,9 @@
      "of cuda:IxK share the GPU's free memory), with an optional\n"                      \
      "K, M, G or T suffix (powers of 1024): 512M, 2G. Each replica\n"                    \
      "holds the variables and a batch's activations; to train, also\n"                   \
-     "the gradients (and, mirrored, the optimizer state), which eval\n"                  \
-     "and predict need no room for"}
+     "the gradients, the backward pass's share of the activations\n"                     \
+     "(about as much again) and, mirrored, the optimizer state, which\n"                 \
+     "eval and predict need no room for"}
 
 /* The directory for --data: "fashion-mnist" is $CASTOR_FASHION_MNIST, or
  * else CLI_DEFAULT_FASHION_MNIST; anything else is a directory. */

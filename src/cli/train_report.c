@@ -108,7 +108,7 @@ static int report_text(const train_run *r)
     if (r->val && r->fitted)
         print_metrics("val:", r->val_loss, r->val_accuracy);
     print_metrics("test:", r->test_m.loss, r->test_m.accuracy);
-    printf(LABEL " %.1f MiB device memory at peak\n", "memory:",
+    printf(LABEL " %.1f MiB device memory at peak, per replica\n", "memory:",
            (double)castor_model_device_peak_bytes(r->model) / (1024.0 * 1024.0));
     if (r->checkpoints > 0)
         printf(LABEL " %d written in %.2f s, the newest %s\n", "checkpoints:", r->checkpoints,
