@@ -108,35 +108,33 @@ static int too_big(cdev *dev, const castor_model *m, int rows, int mirrored, int
         held = sat_add(held, training_bytes(m, mirrored));
     size_t acts = act_bytes(m, (size_t)rows, training);
     size_t need = sat_add(held, rows > 0 ? acts : 0);
-    char state_part[64] = "";
+    char state_part[64] = "", parts[256];
     if (state)
         snprintf(state_part, sizeof state_part, "%s optimizer state %zu",
                  training ? "," : " and", state);
-    if (rows <= 0)
+    const char *when = "";
+    if (rows <= 0) {
         /* At compile the batch is not known yet: the figure is a floor (a
          * budget just above it failed again at the first batch, for the
          * activations the message had not named). Training needs more,
          * allocated by the first fit: said here so that the budget that
          * would do for it can be picked at once. */
-        return castor__cdev_fail(
-            dev, CASTOR_DEVICE_MEMORY,
-            "the model needs %zu bytes of device memory per replica on %s before any batch's "
-            "activations (variables %zu; to train, also gradients %zu%s), but the budget is "
-            "%zu bytes a replica there (the device's, split among the replicas that share it)",
-            need, dev->name, params, params, state_part, dev->budget);
-    if (!training)
-        return castor__cdev_fail(
-            dev, CASTOR_DEVICE_MEMORY,
-            "the model needs %zu bytes of device memory per replica on %s (variables %zu, "
-            "activations for %d rows %zu), but the budget is %zu bytes a replica "
-            "there (the device's, split among the replicas that share it)",
-            need, dev->name, params, rows, acts, dev->budget);
-    return castor__cdev_fail(
-        dev, CASTOR_DEVICE_MEMORY,
-        "the model needs %zu bytes of device memory per replica on %s to train (variables "
-        "%zu, gradients %zu%s, activations for %d rows %zu), but the budget is %zu bytes a "
-        "replica there (the device's, split among the replicas that share it)",
-        need, dev->name, params, params, state_part, rows, acts, dev->budget);
+        when = " before any batch's activations";
+        snprintf(parts, sizeof parts, "variables %zu; to train, also gradients %zu%s", params,
+                 params, state_part);
+    } else if (!training) {
+        snprintf(parts, sizeof parts, "variables %zu, activations for %d rows %zu", params, rows,
+                 acts);
+    } else {
+        when = " to train";
+        snprintf(parts, sizeof parts, "variables %zu, gradients %zu%s, activations for %d rows "
+                 "%zu", params, params, state_part, rows, acts);
+    }
+    return castor__cdev_fail(dev, CASTOR_DEVICE_MEMORY,
+                             "the model needs %zu bytes of device memory per replica on %s%s "
+                             "(%s), but the budget is %zu bytes a replica there (the device's, "
+                             "split among the replicas that share it)",
+                             need, dev->name, when, parts, dev->budget);
 }
 
 int castor__replica_check_room(const castor_model *m, cdev *dev, int mirrored)
