@@ -148,7 +148,8 @@ typedef struct castor_strategy castor_strategy;
  *                on the device. The device's budget (device_memory_budget,
  *                or 1 GiB) is split between its K replicas, as a GPU's
  *                free memory is when no budget is given; a budget given for
- *                cuda:IxK is each replica's own.
+ *                cuda:IxK is each replica's own, held to its even share of
+ *                the GPU's free memory.
  *   "cuda"       every GPU
  *   "cuda:0,cuda:1"  the GPUs listed
  *   "cuda:0x4"   four logical replicas sharing GPU 0

@@ -198,17 +198,22 @@ static int open_cuda(const castor__device_entry *e, size_t budget, int tf32, cde
     int last = e->ordinal < 0 ? count - 1 : e->ordinal;
     for (int g = first; g <= last; g++) {
         int first_replica = *n;
+        /* Each opened with the GPU's free memory (less headroom) as its
+         * budget, then held to its even share of it: without that, K logical
+         * replicas each counted the whole GPU as theirs, and a budget given
+         * larger than a share passed every replica's check that the GPU
+         * together could not hold (cudaMalloc failed instead). A budget
+         * given is each replica's own, where it is below the share. */
         for (int k = 0; k < e->replicas; k++) {
             cdev *dev = NULL;
-            int rc = castor__cdev_cuda_create(g, k, budget, tf32, &dev, err, errlen);
+            int rc = castor__cdev_cuda_create(g, k, 0, tf32, &dev, err, errlen);
             if (rc || (rc = add_device(devs, n, dev, err, errlen)))
                 return rc;
         }
-        /* Without a budget each replica would count the GPU's whole free
-         * memory as its own; logical replicas share it evenly instead. */
-        if (!budget)
-            for (int i = first_replica; i < *n; i++)
-                devs[i]->budget /= (size_t)e->replicas;
+        for (int i = first_replica; i < *n; i++) {
+            size_t share = devs[i]->budget / (size_t)e->replicas;
+            devs[i]->budget = budget && budget < share ? budget : share;
+        }
     }
     return CASTOR_OK;
 }
