@@ -47,20 +47,21 @@ static double max_abs(const float *a, size_t n)
     return m;
 }
 
-void expect_close(const char *what, const float *gpu, const float *cpu, size_t n, double floor,
-                  double tol)
+double expect_close(const char *what, const float *gpu, const float *cpu, size_t n, double floor,
+                    double tol)
 {
     size_t at = 0;
     double e = support_max_rel_err(gpu, cpu, n, floor, &at);
     cr_expect(e < tol, "%s: relative error %.3g at [%zu] (gpu %.9g, cpu %.9g), tolerance %.1g",
               what, e, at, n ? (double)gpu[at] : 0.0, n ? (double)cpu[at] : 0.0, tol);
+    return e;
 }
 
-void expect_close_norm(const char *what, const float *gpu, const float *cpu, size_t n,
-                       double tol)
+double expect_close_norm(const char *what, const float *gpu, const float *cpu, size_t n,
+                         double tol)
 {
     double scale = max_abs(cpu, n);
-    expect_close(what, gpu, cpu, n, scale > 0 ? scale : 1.0, tol);
+    return expect_close(what, gpu, cpu, n, scale > 0 ? scale : 1.0, tol);
 }
 
 twin twin_open(int tf32)

@@ -56,13 +56,13 @@ float *rand_floats(uint64_t *s, size_t n, float lo, float hi);
 float *alloc_floats(size_t n);
 
 /* |gpu - cpu| / max(|cpu|, floor) over all n; the first worst place is named. */
-void expect_close(const char *what, const float *gpu, const float *cpu, size_t n, double floor,
-                  double tol);
+double expect_close(const char *what, const float *gpu, const float *cpu, size_t n, double floor,
+                    double tol);
 
 /* Normwise: errors relative to the largest reference value, for results
  * (GEMMs, column sums) whose small entries come from cancellation. */
-void expect_close_norm(const char *what, const float *gpu, const float *cpu, size_t n,
-                       double tol);
+double expect_close_norm(const char *what, const float *gpu, const float *cpu, size_t n,
+                         double tol);
 
 /* ---- the same buffers on the GPU (index 0) and the CPU device (1) ---- */
 
