@@ -2138,7 +2138,8 @@ chmod 700 "$T"
 
 # ---- a signal after --save has written the model says where it is ------------------------
 # (it said "progress lost"). A test set large enough that the signal, sent
-# when the epoch line appears, lands during the save or the evaluation.
+# when the epoch line appears, lands before the save (the last step's
+# callback: --save is written all the same), during it or in the evaluation.
 BIG="$T/data-big"
 mkdir -p "$BIG"
 python3 - "$BIG" <<'EOF'
@@ -2160,15 +2161,51 @@ wait_at_most "$BGPID" 60
 BGPID=""
 if [[ $rc -eq 0 ]]; then
     ok "a signal after --save: skipped (the run ended before the signal came)"
-elif [[ $rc -eq 130 && ! -e "$T/late.safetensors" ]] && grep -q 'progress lost$' "$T/err"; then
-    ok "a signal after --save: skipped (the signal came before the save)"
 elif [[ $rc -eq 130 && -s "$T/late.safetensors" ]] &&
-    grep -Eq "^castor: interrupted (after step 1|during the test evaluation, after training to \
-step 1); the model is saved in $T/late.safetensors\$" "$T/err"; then
+    grep -Eq "^castor: interrupted (during the test evaluation, )?after training to step 1; \
+the model is saved in $T/late.safetensors\$" "$T/err"; then
     ok "a signal after --save -> 130, says the model is saved"
 else
     bad "a signal after --save: status $rc" "$(tail -n 3 "$T/err"; ls -la "$T/late.safetensors" 2>&1)"
 fi
+
+# ---- a signal in the last epoch's validation: training is done, --save writes it ----------
+# (the validation ran whole, then the trained model was dropped: "interrupted
+# after step 1; no checkpoint directory set, progress lost", no --save). One
+# step of 200 samples, then a validation of 20000 samples that takes seconds:
+# the signal, sent 1 s after the model is built, lands in it.
+VAL="$T/data-val"
+mkdir -p "$VAL"
+python3 - "$VAL" <<'EOF'
+import random, struct, sys
+rng = random.Random(7)
+for prefix, n in (("train", 20200), ("t10k", 100)):
+    with open(f"{sys.argv[1]}/{prefix}-images-idx3-ubyte", "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, n, 28, 28) + rng.randbytes(n * 784))
+    with open(f"{sys.argv[1]}/{prefix}-labels-idx1-ubyte", "wb") as f:
+        f.write(struct.pack(">II", 0x801, n) + bytes(rng.randrange(10) for _ in range(n)))
+EOF
+rm -f "$T/in-val.safetensors"
+: >"$T/err"
+"$BIN" train --data "$VAL" --layers 2048:relu,2048:relu,10 --devices cpu:2 --batch 200 \
+    --epochs 1 --validation-split 20000 --verbose --save "$T/in-val.safetensors" \
+    >"$T/out" 2>"$T/err" &
+BGPID=$!
+wait_for "$BGPID" grep -q '^castor: model ' "$T/err"
+sleep 1
+kill -TERM "$BGPID" 2>/dev/null
+wait_at_most "$BGPID" 120
+BGPID=""
+if [[ $rc -eq 143 && -s "$T/in-val.safetensors" && ! -s "$T/out" ]] &&
+    grep -qxF "castor: interrupted after training to step 1; the model is saved in \
+$T/in-val.safetensors" "$T/err" &&
+    "$BIN" eval --model "$T/in-val.safetensors" --data "$VAL" --quiet >/dev/null 2>&1; then
+    ok "SIGTERM in the last epoch's validation -> 143, the trained model in --save"
+else
+    bad "SIGTERM in the last epoch's validation: status $rc, --save: $(ls "$T/in-val.safetensors" \
+2>&1)" "$(grep -v '^castor: \(info\|model\|data\|OpenBLAS\|--val\)' "$T/err")"
+fi
+rm -rf "$VAL"
 
 # ---- a signal during the test evaluation stops it at its next batch ------------------------
 # sigterm_in_eval NAME TEST_SAMPLES BATCH: trains 2048:relu,2048:relu,10 for

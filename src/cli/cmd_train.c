@@ -492,8 +492,16 @@ static int fit(train_run *r)
 
     if (r->diverged_step >= 0 || r->ckpt_error[0])
         return checkpoint_failed(r);
-    if (rc == CASTOR_INTERRUPTED && train_stop_signal())
-        return train_report_interrupt(r);
+    if (rc == CASTOR_INTERRUPTED && train_stop_signal()) {
+        if (castor_model_epoch(r->model) < r->o.epochs)
+            return train_report_interrupt(r);
+        /* A signal in the last step, or in its epoch's validation (which
+         * runs whole), stopped nothing: training is done, and ends as after
+         * a signal that comes later: the last checkpoint and --save are
+         * written, the test evaluation is not (evaluate()). The trained
+         * model was dropped ("progress lost" where --save alone was set). */
+        rc = CASTOR_OK;
+    }
     if (rc != CASTOR_OK) {
         cli_errorf("training failed: %s", cli_why(castor_model_errmsg(r->model), rc));
         return cli_exit_for(rc);
@@ -508,9 +516,9 @@ static int fit(train_run *r)
     }
     if (!finite)
         return train_report_diverged(r);
-    if (train_stop_signal()) /* arrived after the last step: stop before evaluating */
-        return train_report_interrupt(r);
-    /* The newest checkpoint is the trained model, whatever the period. */
+    /* The newest checkpoint is the trained model, whatever the period (and
+     * a signal since the last step stops the run after it and --save, before
+     * the test evaluation: evaluate()). */
     if (r->o.checkpoint_dir && r->last_ckpt_step != castor_model_step(r->model) &&
         train_write_checkpoint(r) != 0)
         return checkpoint_failed(r);
@@ -537,7 +545,7 @@ static int save(train_run *r)
 
 static int evaluate(train_run *r)
 {
-    if (train_stop_signal()) /* arrived since fit (during --save): stop before evaluating */
+    if (train_stop_signal()) /* arrived since the last step: stop before evaluating */
         return train_report_interrupt(r);
     r->evaluating = 1;
     int rc = castor_model_evaluate(r->model, r->test, r->o.batch, &r->test_m);

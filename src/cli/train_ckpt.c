@@ -259,10 +259,12 @@ int train_report_interrupt(train_run *r)
     }
     long long step = (long long)castor_model_step(r->model);
     /* In the test evaluation training is over: say so, not "after step";
-     * after a failed --save too (before the evaluation began). */
-    const char *when = r->evaluating    ? "during the test evaluation, after training to step"
-                       : r->save_failed ? "after training to step"
-                                        : "after step";
+     * after a failed --save too (before the evaluation began), and once
+     * every epoch is done (a signal in the last step). */
+    const char *when = r->evaluating ? "during the test evaluation, after training to step"
+                       : r->save_failed || castor_model_epoch(r->model) >= r->o.epochs
+                           ? "after training to step"
+                           : "after step";
     if (r->saved) {  /* after training: --save holds it, whatever else happens */
         fprintf(stderr, "castor: interrupted %s %lld; the model is saved in %s%s%s\n", when,
                 step, r->o.save, r->last_ckpt_step == step ? " and " : "",
