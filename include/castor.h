@@ -497,7 +497,8 @@ CASTOR_API void castor_model_reset_run_stats(castor_model *model);
  * fitted on (where that came from IDX files), castor version and the CRC-32
  * of the data section. Files are
  * written atomically (temporary file, fsync, rename, fsync of the
- * directory): a crash leaves the old file or the new one. A path that is a
+ * directory, where it can be opened: not in one the process may write in
+ * but not read): a crash leaves the old file or the new one. A path that is a
  * symbolic link is written through: the file it leads to is replaced (or
  * made), and the link stays.
  */

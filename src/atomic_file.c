@@ -228,8 +228,16 @@ int castor__atomic_commit(castor__atomic_file *af, char *err, size_t errlen)
     if (rename(af->tmp, af->path) != 0)
         return castor__atomic_abort(af, "cannot rename the temporary file over it", err, errlen);
     /* The rename is durable once the directory is. A filesystem that cannot
-     * fsync a directory (EINVAL) has nothing more to do. */
+     * fsync a directory (EINVAL) has nothing more to do, nor has a process
+     * that may write in the directory but not read it (a drop box, mode
+     * -wx), which cannot open it: the rename stands, atomic, and its
+     * durability is the filesystem's. Such a file was reported unwritten
+     * (CASTOR_IO) though it was in place. */
     int dfd = open(af->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0 && errno == EACCES) {
+        release(af);
+        return CASTOR_OK;
+    }
     if (dfd < 0 || (fsync(dfd) != 0 && errno != EINVAL)) {
         int e = errno;
         char eb[128];

@@ -1,8 +1,9 @@
 /*
  * Replacing a file whole or not at all: the bytes go to a temporary file
  * beside it, which is synced and renamed over it, and the directory synced
- * after. A failure at any point leaves the old file (or none) and no
- * temporary file behind. Used for checkpoints and the bench's results.
+ * after (where it can be opened: not one we may write in but not read). A
+ * failure at any point leaves the old file (or none) and no temporary file
+ * behind. Used for checkpoints and the bench's results.
  */
 #ifndef CASTOR_ATOMIC_FILE_H
 #define CASTOR_ATOMIC_FILE_H

@@ -2134,6 +2134,33 @@ if [[ $(id -u) -ne 0 ]] || { command -v setpriv >/dev/null 2>&1 && "${as_user[@]
 else
     ok "a read-only --checkpoint-dir: skipped (root, and nobody cannot run $BIN)"
 fi
+# ---- --save into a directory that may be written in but not read: saved --------------------
+# (a drop box, mode -wx: the file was written and renamed into place, but the
+# directory could not be opened to fsync the rename, and castor said "--save
+# failed (above); the trained model was not saved anywhere", status 1, with
+# "saved": null). Root reads anywhere: the run is made as nobody then.
+WX="$T/wx-save"
+mkdir -p "$WX" && chmod 733 "$WX" && chmod 711 "$T"
+# The owner, when not root, is kept out of reading it too.
+[[ $(id -u) -ne 0 ]] && chmod 333 "$WX"
+if [[ $(id -u) -ne 0 ]] || { command -v setpriv >/dev/null 2>&1 && "${as_user[@]}" test -x "$BIN"; }; then
+    chmod -R a+rX "$DATA"
+    timeout 300 "${as_user[@]}" "$BIN" "${TRAIN[@]}" --epochs 1 --batch 64 --quiet --json \
+        --save "$WX/m.safetensors" >"$T/out" 2>"$T/err"
+    rc=$?
+    if [[ $rc -eq 0 && ! -s "$T/err" && -s "$WX/m.safetensors" ]] &&
+        tail -n 1 "$T/out" | python3 -c '
+import json, sys
+assert json.loads(sys.stdin.read())["saved"] == sys.argv[1]' "$WX/m.safetensors" &&
+        "$BIN" eval --model "$WX/m.safetensors" --data "$DATA" --quiet >/dev/null 2>&1; then
+        ok "--save into a directory it cannot read (mode -wx) -> 0, the model saved"
+    else
+        bad "--save into a directory it cannot read: status $rc" "$(cat "$T/err"; tail -c 150 "$T/out")"
+    fi
+else
+    ok "--save into a directory it cannot read: skipped (root, and nobody cannot run $BIN)"
+fi
+chmod 700 "$WX"
 chmod 700 "$T"
 
 # ---- a signal after --save has written the model says where it is ------------------------
