@@ -31,9 +31,13 @@ static size_t align_up(size_t bytes)
     return (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
 }
 
+/* The widest layer output: what a delta buffer holds. Not the input's
+ * width: backward never computes the first layer's input gradient, and a
+ * wide input (bag-of-words features into a small layer) counted here asked
+ * for two more rows x input_features buffers that were never written. */
 static size_t widest_layer(const castor_model *m)
 {
-    size_t w = (size_t)m->input_features;
+    size_t w = 0;
     for (int l = 0; l < m->n_layers; l++)
         if ((size_t)m->layers[l].out > w)
             w = (size_t)m->layers[l].out;

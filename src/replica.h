@@ -32,7 +32,7 @@ typedef struct castor__replica {
     float *d_state;         /* opt_slots * n_params (mirrored only) */
     float *d_x;             /* cap x input_features */
     float *d_acts;          /* sum over layers of cap x out: each layer's output */
-    float *d_delta[2];      /* cap x widest layer: backward ping-pong (NULL unless
+    float *d_delta[2];      /* cap x widest layer output: backward ping-pong (NULL unless
                                act_backward) */
     int32_t *d_labels;      /* cap */
     float *d_targets;       /* cap x output units (MSE) */

@@ -205,3 +205,31 @@ Test(train, a_fit_after_a_big_evaluate_has_its_room)
     fit_after_a_big_evaluate(CASTOR_STRATEGY_CENTRAL, (size_t)1 << 20, 153640);
     fit_after_a_big_evaluate(CASTOR_STRATEGY_MIRRORED, (size_t)1400 << 10, 3 * 153640);
 }
+
+/* The backward pass's two delta buffers hold a layer's output gradient
+ * (rows x that layer's units) and never one of the input's width: the
+ * first layer's input gradient is not computed. They were sized by the
+ * widest of the input and the layers, so a wide input (4096 features
+ * into 16 units) asked 2 x 64 x 4096 floats (2 MiB) more than training
+ * uses, and a fit that needs about 1.6 MiB was refused on a 2 MiB budget. */
+Test(train, a_wide_input_needs_no_backward_buffers_of_its_width)
+{
+    const int features = 4096, batch = 64;
+    const size_t budget = (size_t)2 << 20;
+    castor_dataset *ds = support_synthetic(7, batch, features, 10);
+    castor_strategy *s = lazy_strategy(CASTOR_STRATEGY_CENTRAL, budget);
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_create(&m, features), CASTOR_OK);
+    cr_assert_eq(castor_model_add_layers(m, "16:relu,10"), CASTOR_OK);
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 9), CASTOR_OK, "%s",
+                 castor_model_errmsg(m));
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.epochs = 2;
+    fo.batch_size = batch;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m));
+    cr_assert_eq(castor_model_step(m), 2);
+    cr_assert_leq(castor_model_device_peak_bytes(m), budget);
+    castor_model_free(m);
+    castor_strategy_free(s);
+    castor_dataset_free(ds);
+}
