@@ -476,8 +476,9 @@ typedef struct castor_run_stats {
     size_t device_peak_bytes;   /* most device memory one replica has held */
     size_t host_bytes;          /* the model's own host buffers: the variables,
                                    the optimizer state, from the first fit the
-                                   gradients' host buffers, and a batch's row
-                                   statistics; pinned by CUDA
+                                   gradients' host buffers where the host sums
+                                   them (central; mirrored through the host),
+                                   and a batch's row statistics; pinned by CUDA
                                    where the strategy has a GPU, ordinary (not
                                    mlock'd) memory for emulated CPU devices,
                                    whose device memory, host memory too, is

@@ -66,7 +66,10 @@ static int central_train_step(castor_model *m, const castor__batch *b, castor__b
 
 static int central_prepare(castor_model *m)
 {
-    return castor__runtime_create(m);
+    int rc = castor__runtime_create(m);
+    if (!rc)
+        m->rt->host_sums = 1;
+    return rc;
 }
 
 static int central_pull(castor_model *m)

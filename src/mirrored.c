@@ -251,6 +251,9 @@ static int mirrored_prepare(castor_model *m)
     if (rc)
         return rc;
     m->rt->reduce = choose_reduction(m);
+    /* Only there do the replicas' gradients come to the host, to be summed:
+     * one replica, replicas sharing a device and NCCL never read them back. */
+    m->rt->host_sums = m->rt->reduce == REDUCE_HOST;
     static const char *const names[] = {"none", "host", "nccl", "device (shared by the replicas)"};
     castor__log(m->strategy, CASTOR_LOG_INFO, "mirrored: all-reduce through %s",
                 names[m->rt->reduce]);

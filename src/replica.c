@@ -186,12 +186,12 @@ int castor__replica_init(castor__replica *r, const castor_model *m, cdev *dev, i
 }
 
 int castor__replica_alloc_training(castor__replica *r, const castor_model *m,
-                                   const float *h_state)
+                                   const float *h_state, int host_grads)
 {
     if (r->d_grads)
         return CASTOR_OK;
     cdev *dev = r->dev;
-    if (castor__host_alloc(&r->h_grads, m->n_params * sizeof(float), r->use_cuda))
+    if (host_grads && castor__host_alloc(&r->h_grads, m->n_params * sizeof(float), r->use_cuda))
         return castor__cdev_fail(dev, CASTOR_NOMEM,
                                  "out of host memory for replica %d's gradients", r->index);
     size_t bytes = training_bytes(m, r->mirrored);

@@ -74,12 +74,13 @@ int castor__replica_check_room(const castor_model *m, cdev *dev, int mirrored);
  * nothing. */
 int castor__replica_check_training_room(const castor__replica *r, const castor_model *m,
                                         int rows);
-/* Allocate what training needs: the gradients on the device and on the
- * host and, mirrored, the optimizer state, which starts as a copy of
- * h_state (the host's: no step has changed it while the replica held
- * none). All or nothing; nothing left queued on a failure. */
+/* Allocate what training needs: the gradients on the device and, with
+ * host_grads (the host sums them), on the host and, mirrored, the
+ * optimizer state, which starts as a copy of h_state (the host's: no step
+ * has changed it while the replica held none). All or nothing; nothing left
+ * queued on a failure. */
 int castor__replica_alloc_training(castor__replica *r, const castor_model *m,
-                                   const float *h_state);
+                                   const float *h_state, int host_grads);
 void castor__replica_free_training(castor__replica *r);
 /* Give back the activation buffers (between calls: nothing is queued on
  * them); the next reserve allocates anew. */

@@ -309,9 +309,9 @@ static int alloc_training(castor_model *m, int per)
         if (!rt->reps[i].act_backward)
             castor__replica_release_acts(&rt->reps[i]);
     rt->rows_capacity = 0;
-    /* Only mirrored keeps the sum of the gradients (to upload it); central's
-     * update sums them as it goes. */
-    if (s->ops->device_state &&
+    /* Only mirrored keeps the sum of the gradients (to upload it), and only
+     * where the host makes it; central's update sums them as it goes. */
+    if (s->ops->device_state && rt->host_sums &&
         castor__host_alloc(&m->grads, m->n_params * sizeof(float), s->use_cuda))
         return castor__model_fail(m, CASTOR_NOMEM,
                                   "out of host memory for the sum of %zu gradients",
@@ -320,7 +320,7 @@ static int alloc_training(castor_model *m, int per)
      * copy is the state (mirrored: what the replicas start from). */
     const float *state = s->ops->device_state ? m->opt_state.ptr : NULL;
     for (int i = 0; i < rt->n; i++) {
-        int rc = castor__replica_alloc_training(&rt->reps[i], m, state);
+        int rc = castor__replica_alloc_training(&rt->reps[i], m, state, rt->host_sums);
         if (rc) {
             rc = castor__model_fail(m, rc, "%s", rt->reps[i].dev->errmsg);
             free_training(m);

@@ -82,6 +82,10 @@ typedef struct castor__runtime {
     int training;
     castor_run_stats stats;    /* steps, seconds, bytes of the training steps */
     int reduce;                /* mirrored: how gradients are all-reduced (mirrored.c) */
+    /* The replicas' gradients are summed on the host (set by the strategy's
+     * prepare: central, and mirrored all-reducing through the host): only
+     * then do the replicas and, mirrored, the sum have host buffers. */
+    int host_sums;
     void **nccl_comms;         /* mirrored on distinct GPUs: one NCCL rank per replica */
 } castor__runtime;
 
