@@ -59,7 +59,9 @@ static int load_idx_into(castor_dataset *ds, const char *images_path, const char
     size_t errlen = sizeof ds->errmsg;
     castor__idx img, lab;
     int32_t *labels = NULL;
-    int rc = castor__idx_read(images_path, 0, &img, err, errlen);
+    /* Features are an int: more is refused from the header, before the data
+     * is read. */
+    int rc = castor__idx_read_samples(images_path, 0, INT_MAX, &img, err, errlen);
     if (rc)
         return rc;
     if (img.rank < 2) {
@@ -70,12 +72,6 @@ static int load_idx_into(castor_dataset *ds, const char *images_path, const char
         return CASTOR_FORMAT;
     }
     size_t n = img.dims[0], features = img.count / n;
-    if (features > INT_MAX) {
-        castor__errf(err, errlen, "%s: %zu features per sample, more than %d", images_path,
-                     features, INT_MAX);
-        castor__idx_free(&img);
-        return CASTOR_FORMAT;
-    }
     /* Only float files can carry NaN or infinity; one would poison training
      * with no hint of where it came from. */
     if (img.type == 0x0D || img.type == 0x0E) {

@@ -74,6 +74,11 @@ typedef struct castor__idx {
  * make us allocate gigabytes. */
 int castor__idx_read(const char *path, size_t max_count, castor__idx *out, char *err,
                      size_t errlen);
+/* Same, also refusing (CASTOR_FORMAT) a file whose samples (the elements
+ * after the first dimension) hold more than max_sample elements each,
+ * checked on the header, before the data is read (0: no bound). */
+int castor__idx_read_samples(const char *path, size_t max_count, size_t max_sample,
+                             castor__idx *out, char *err, size_t errlen);
 /* Same, from bytes already in memory (used by the fuzz harness). name is used
  * in messages. The bytes are the decompressed file. */
 int castor__idx_parse(const unsigned char *bytes, size_t len, const char *name,

@@ -421,6 +421,12 @@ static int read_values(idx_src *src, const char *path, castor__idx *idx, size_t 
 int castor__idx_read(const char *path, size_t max_count, castor__idx *out, char *err,
                      size_t errlen)
 {
+    return castor__idx_read_samples(path, max_count, 0, out, err, errlen);
+}
+
+int castor__idx_read_samples(const char *path, size_t max_count, size_t max_sample,
+                             castor__idx *out, char *err, size_t errlen)
+{
     memset(out, 0, sizeof *out);
     if (!path) {
         castor__errf(err, errlen, "(null): no IDX path given");
@@ -465,6 +471,17 @@ int castor__idx_read(const char *path, size_t max_count, castor__idx *out, char 
         memset(out, 0, sizeof *out);
         src_close(&src);
         return rc;
+    }
+    /* Known from the header: a sample too large for the caller is refused
+     * before its data is read, not after (a 2 MB gzip of 1 x 65536 x 32768
+     * zeros inflated to 2 GiB and took 8 GiB of floats first). */
+    size_t per_sample = out->count / out->dims[0];
+    if (max_sample && out->rank > 1 && per_sample > max_sample) {
+        castor__errf(err, errlen, "%s: %zu features per sample, more than %zu", path, per_sample,
+                     max_sample);
+        memset(out, 0, sizeof *out);
+        src_close(&src);
+        return CASTOR_FORMAT;
     }
     /* A plain file tells its size up front: a lying header is caught with
      * exact numbers before anything is read or allocated. */

@@ -258,6 +258,26 @@ static void write_mnist_pair(const char *prefix, uint32_t n, int gz)
     gz ? support_write_gz_in(path, name, lab, llen) : support_write_in(path, name, lab, llen);
 }
 
+/* A sample of more than INT_MAX features is refused from the header: a
+ * 2 MB gzip of 1 x 65536 x 32768 zero bytes was inflated and held as 8 GiB
+ * of floats before its 2^31 features per sample were refused (under a
+ * 4 GB address-space limit the message was "out of memory for 1073741824
+ * values"). Here the header alone: no data follows it. */
+Test(dataset, load_idx_refuses_too_wide_samples_before_reading_them)
+{
+    unsigned char img[64];
+    uint32_t idims[3] = {1, 65536, 32768};
+    size_t ilen = support_idx_build(img, 0x08, 3, idims, NULL, 0);
+    char ip[SUPPORT_PATH_LEN], lp[SUPPORT_PATH_LEN];
+    write_labels(lp, "one", 0x08, (const unsigned char[1]){0}, 1, 1);
+    support_write_gz_in(ip, "wide.gz", img, ilen);
+    expect_load_error(ip, lp, CASTOR_FORMAT, ip,
+                      "2147483648 features per sample, more than 2147483647");
+    support_write_in(ip, "wide", img, ilen);
+    expect_load_error(ip, lp, CASTOR_FORMAT, ip,
+                      "2147483648 features per sample, more than 2147483647");
+}
+
 Test(dataset, mnist_dir_finds_plain_or_gzip)
 {
     castor_dataset *ds = NULL;
