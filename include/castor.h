@@ -243,7 +243,12 @@ CASTOR_API int castor_activation_parse(const char *name, castor_activation *out)
 
 typedef struct castor_model castor_model;
 
-/* A sequential model of dense layers taking input_features floats per sample. */
+/* The most input features and units a layer takes (2^24). Datasets with
+ * wider samples are refused as they load: no model could take them. */
+#define CASTOR_MAX_UNITS (1 << 24)
+
+/* A sequential model of dense layers taking input_features floats per
+ * sample (1..CASTOR_MAX_UNITS). */
 CASTOR_API int castor_model_create(castor_model **out, int input_features);
 CASTOR_API void castor_model_free(castor_model *model);
 CASTOR_API const char *castor_model_errmsg(const castor_model *model);

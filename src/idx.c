@@ -477,7 +477,8 @@ int castor__idx_read_samples(const char *path, size_t max_count, size_t max_samp
      * zeros inflated to 2 GiB and took 8 GiB of floats first). */
     size_t per_sample = out->count / out->dims[0];
     if (max_sample && out->rank > 1 && per_sample > max_sample) {
-        castor__errf(err, errlen, "%s: %zu features per sample, more than %zu", path, per_sample,
+        castor__errf(err, errlen, "%s: %zu features per sample, more than a model takes (%zu)", path,
+                     per_sample,
                      max_sample);
         memset(out, 0, sizeof *out);
         src_close(&src);

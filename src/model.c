@@ -15,7 +15,6 @@
 #include "util.h"
 
 /* Widths and depths beyond these are typos, not models. */
-#define MAX_UNITS (1 << 24)
 #define MAX_LAYERS 1024
 
 int castor__model_fail(castor_model *m, int code, const char *fmt, ...)
@@ -83,9 +82,9 @@ int castor_model_create(castor_model **out, int input_features)
     *out = m;
     if (!m)
         return CASTOR_NOMEM;
-    if (input_features <= 0 || input_features > MAX_UNITS)
+    if (input_features <= 0 || input_features > CASTOR_MAX_UNITS)
         return castor__model_fail(m, CASTOR_INVALID, "input features must be 1..%d, not %d",
-                                  MAX_UNITS, input_features);
+                                  CASTOR_MAX_UNITS, input_features);
     m->input_features = input_features;
     return CASTOR_OK;
 }
@@ -138,9 +137,9 @@ int castor_model_add_dense(castor_model *m, int units, castor_activation act)
         return castor__model_fail(m, CASTOR_MISUSE,
                                   "the model was not created (%d input features)",
                                   m->input_features);
-    if (units <= 0 || units > MAX_UNITS)
+    if (units <= 0 || units > CASTOR_MAX_UNITS)
         return castor__model_fail(m, CASTOR_INVALID, "layer units must be 1..%d, not %d",
-                                  MAX_UNITS, units);
+                                  CASTOR_MAX_UNITS, units);
     if ((unsigned)act > CASTOR_ACT_SIGMOID)
         return castor__model_fail(m, CASTOR_INVALID, "unknown activation %d", (int)act);
     if (m->n_layers >= MAX_LAYERS)
@@ -220,10 +219,10 @@ static int add_layers_from_spec(castor_model *m, const char *spec)
         long units = strtol(item, &num_end, 10);
         /* Digits only: strtol would also take leading blanks and a sign. */
         if (!isdigit((unsigned char)item[0]) || *num_end || errno || units <= 0 ||
-            units > MAX_UNITS)
+            units > CASTOR_MAX_UNITS)
             return castor__model_fail(m, CASTOR_INVALID,
                                       "bad unit count '%s' in '%s' (a whole number 1..%d)", item,
-                                      spec, MAX_UNITS);
+                                      spec, CASTOR_MAX_UNITS);
         int rc = castor_model_add_dense(m, (int)units, act);
         if (rc)
             return rc;

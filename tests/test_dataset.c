@@ -258,24 +258,30 @@ static void write_mnist_pair(const char *prefix, uint32_t n, int gz)
     gz ? support_write_gz_in(path, name, lab, llen) : support_write_in(path, name, lab, llen);
 }
 
-/* A sample of more than INT_MAX features is refused from the header: a
- * 2 MB gzip of 1 x 65536 x 32768 zero bytes was inflated and held as 8 GiB
- * of floats before its 2^31 features per sample were refused (under a
- * 4 GB address-space limit the message was "out of memory for 1073741824
- * values"). Here the header alone: no data follows it. */
+/* A sample of more features than a model takes (CASTOR_MAX_UNITS) is
+ * refused from the header: a 2 MB gzip of 1 x 65536 x 32768 zero bytes was
+ * inflated and held as 8 GiB of floats before its 2^31 features per sample
+ * were refused (under a 4 GB address-space limit the message was "out of
+ * memory for 1073741824 values"), and one of 2 x 2^30 bytes took 4.3 GB
+ * before the model refused its width. Here the header alone: no data
+ * follows it. */
 Test(dataset, load_idx_refuses_too_wide_samples_before_reading_them)
 {
-    unsigned char img[64];
-    uint32_t idims[3] = {1, 65536, 32768};
-    size_t ilen = support_idx_build(img, 0x08, 3, idims, NULL, 0);
+    static const uint32_t dims[][3] = {{1, 65536, 32768}, {2, 4097, 4096}};
+    static const char *const want[] = {
+        "2147483648 features per sample, more than a model takes (16777216)",
+        "16781312 features per sample, more than a model takes (16777216)",
+    };
     char ip[SUPPORT_PATH_LEN], lp[SUPPORT_PATH_LEN];
-    write_labels(lp, "one", 0x08, (const unsigned char[1]){0}, 1, 1);
-    support_write_gz_in(ip, "wide.gz", img, ilen);
-    expect_load_error(ip, lp, CASTOR_FORMAT, ip,
-                      "2147483648 features per sample, more than 2147483647");
-    support_write_in(ip, "wide", img, ilen);
-    expect_load_error(ip, lp, CASTOR_FORMAT, ip,
-                      "2147483648 features per sample, more than 2147483647");
+    write_labels(lp, "two", 0x08, (const unsigned char[2]){0, 1}, 2, 2);
+    for (int k = 0; k < 2; k++) {
+        unsigned char img[64];
+        size_t ilen = support_idx_build(img, 0x08, 3, dims[k], NULL, 0);
+        support_write_gz_in(ip, "wide.gz", img, ilen);
+        expect_load_error(ip, lp, CASTOR_FORMAT, ip, want[k]);
+        support_write_in(ip, "wide", img, ilen);
+        expect_load_error(ip, lp, CASTOR_FORMAT, ip, want[k]);
+    }
 }
 
 Test(dataset, mnist_dir_finds_plain_or_gzip)
@@ -395,6 +401,7 @@ Test(dataset, from_memory_validates_and_copies)
         {x, 3, 2, (const int32_t[3]){0, -1, 1}, NULL, 0, "sample 1's label is -1"},
         {x, 3, 2, (const int32_t[3]){0, 1, INT32_MAX}, NULL, 0, "sample 2's label is 2147483647"},
         {x, SIZE_MAX / 2, 2, y, NULL, 0, "too many"},
+        {x, 1, CASTOR_MAX_UNITS + 1, y, NULL, 0, "more than a model takes (16777216)"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         int rc = castor_dataset_from_memory(&ds, bad[k].x, bad[k].n, bad[k].features,
