@@ -756,6 +756,58 @@ else
         "$(tail -n 3 "$T/err")"
 fi
 
+# ---- the first signal is acknowledged at once; a second one quits ------------------------
+# (stderr stayed empty until the step or validation in progress ended,
+# seconds on a large step, and users pressed Ctrl-C again, which quits
+# without the checkpoint they were waiting for). Steps of 2048 samples
+# through 2048:relu,2048:relu,10 take a second or more: the line must come
+# before the run says it stopped, once for two signals, and not with --quiet.
+ACK="$T/data-ack"
+mkdir -p "$ACK"
+python3 - "$ACK" <<'EOF'
+import os, struct, sys
+for prefix, n in (("train", 2048), ("t10k", 64)):
+    with open(os.path.join(sys.argv[1], prefix + "-images-idx3-ubyte"), "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, n, 28, 28) + os.urandom(n * 784))
+    with open(os.path.join(sys.argv[1], prefix + "-labels-idx1-ubyte"), "wb") as f:
+        f.write(struct.pack(">II", 0x801, n) + bytes(b % 10 for b in os.urandom(n)))
+EOF
+ACK_LINE='^castor: SIGINT: stopping after the current step; Ctrl-C again quits at once, writing nothing more$'
+acked() { grep -q "$ACK_LINE" "$T/err"; }
+: >"$T/err"
+signals_default "$BIN" train --data "$ACK" --layers 2048:relu,2048:relu,10 --devices cpu:2 \
+    --batch 2048 --epochs 100000 --verbose --json >"$T/out" 2>"$T/err" &
+BGPID=$!
+wait_for "$BGPID" grep -q '^castor: model ' "$T/err"
+sleep 0.5 # into the first step
+kill -INT "$BGPID" 2>/dev/null
+before_stop=0
+wait_for "$BGPID" acked && ! grep -q 'interrupted' "$T/err" && before_stop=1
+kill -INT "$BGPID" 2>/dev/null
+wait_at_most "$BGPID" 60
+BGPID=""
+if [[ $rc -eq 130 && $before_stop -eq 1 && $(grep -c "$ACK_LINE" "$T/err") -eq 1 && ! -s "$T/out" ]]
+then
+    ok "the first SIGINT is acknowledged at once, the second quits: 130, one line"
+else
+    bad "the first SIGINT acknowledged: status $rc, before the stop $before_stop, lines \
+$(grep -c "$ACK_LINE" "$T/err")" "$(grep -v '^castor: \(info\|model\|data\|OpenBLAS\)' "$T/err")"
+fi
+: >"$T/err"
+signals_default "$BIN" train --data "$ACK" --layers 2048:relu,2048:relu,10 --devices cpu:2 \
+    --batch 2048 --epochs 100000 --quiet >"$T/out" 2>"$T/err" &
+BGPID=$!
+wait_for "$BGPID" catches_sigint "$BGPID"
+kill -INT "$BGPID" 2>/dev/null
+wait_at_most "$BGPID" 60
+BGPID=""
+if [[ $rc -eq 130 ]] && ! grep -q 'stopping' "$T/err"; then
+    ok "--quiet: a SIGINT is not acknowledged"
+else
+    bad "--quiet and SIGINT: status $rc" "$(cat "$T/err")"
+fi
+rm -rf "$ACK"
+
 
 # ---- names in any case, as --optimizer already took them; a seed past 2^53 as digits --------
 run train --data "$DATA" --layers 16:ReLU,10 --optimizer ADAM --strategy Mirrored --loss XENT \

@@ -594,7 +594,7 @@ int castor_cli_train(int argc, char **argv)
     int blas = cli_blas_threads(run.o.devices);
     if (blas > 0)
         train_note(&run, "OpenBLAS: %d thread%s per GEMM", blas, blas == 1 ? "" : "s");
-    train_install_stop_handlers();
+    train_install_stop_handlers(!run.o.quiet, run.progress_mode == CLI_PROGRESS_BAR);
 
     if ((rc = make_strategy(&run)) == 0 && (rc = load_data(&run)) == 0 &&
         (rc = run.o.resume ? train_resume(&run) : make_model(&run)) == 0 &&

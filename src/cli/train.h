@@ -105,8 +105,10 @@ int train_resume(train_run *r);
 /* ---- train_ckpt.c ---- */
 
 /* SIGINT/SIGTERM/SIGHUP stop training after the current step, unless they
- * were ignored when castor started; SIGPIPE is ignored. */
-void train_install_stop_handlers(void);
+ * were ignored when castor started; SIGPIPE is ignored. With announce_first,
+ * the first of them is acknowledged at once on stderr (one line, clearing
+ * the progress bar first where progress_bar says one is drawn). */
+void train_install_stop_handlers(int announce_first, int progress_bar);
 /* The signal that asked to stop, or 0. */
 int train_stop_signal(void);
 /* castor_fit_options.progress: the display, val metrics, periodic checkpoints. */

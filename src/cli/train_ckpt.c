@@ -6,6 +6,7 @@
  * The names and the pruning of the files are ckpt.c's; this file decides
  * when to write and what to say.
  */
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -13,6 +14,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "args.h"
 #include "castor.h"
@@ -40,9 +42,52 @@ static void die_by(int sig)
     raise(sig);
 }
 
+/* Whether the first signal is acknowledged on stderr (not with --quiet),
+ * and whether that line must first clear a progress bar drawn with '\r'.
+ * Set before the handlers are installed, read only by them. */
+static volatile sig_atomic_t g_announce = 0, g_clear_bar = 0;
+
+/* Append the string s to buf at *at, within size: async-signal-safe, no libc. */
+static void put(char *buf, size_t size, size_t *at, const char *s)
+{
+    while (*s && *at < size)
+        buf[(*at)++] = *s++;
+}
+
+/* One line at once: stopping waits for the current step (a slow one, or a
+ * long validation, takes seconds), and a silent terminal made users press
+ * Ctrl-C again, which quits without the checkpoint they were waiting for.
+ * write(2) alone, as a signal handler may; errno is the interrupted code's. */
+static void announce(int sig)
+{
+    int saved_errno = errno;
+    const char *name = sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP";
+    char line[256];
+    size_t n = 0;
+    if (g_clear_bar)
+        put(line, sizeof line, &n, "\r\033[K");
+    put(line, sizeof line, &n, "castor: ");
+    put(line, sizeof line, &n, name);
+    put(line, sizeof line, &n, ": stopping after the current step; ");
+    put(line, sizeof line, &n, sig == SIGINT ? "Ctrl-C again" : "another signal");
+    put(line, sizeof line, &n, " quits at once, writing nothing more\n");
+    for (size_t done = 0; done < n;) {
+        ssize_t w = write(STDERR_FILENO, line + done, n - done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            break;
+        done += (size_t)w;
+    }
+    errno = saved_errno;
+}
+
 static void on_stop_signal(int sig)
 {
-    if (g_stop_signal) {
+    /* One handler may run on two threads at once (two signals, two threads
+     * taking them): the exchange makes exactly one of them the first. */
+    int none = 0;
+    if (!atomic_compare_exchange_strong(&g_stop_signal, &none, sig)) {
         /* A second one: the user insists; die the default way now, or as
          * soon as the file being written is complete. Noted before looking
          * at g_writing, so that a writer finishing at this moment sees it. */
@@ -51,7 +96,8 @@ static void on_stop_signal(int sig)
             die_by(sig);
         return;
     }
-    g_stop_signal = sig;
+    if (g_announce)
+        announce(sig);
 }
 
 int train_save_whole(castor_model *m, const char *path)
@@ -65,8 +111,16 @@ int train_save_whole(castor_model *m, const char *path)
     return rc;
 }
 
-void train_install_stop_handlers(void)
+void train_install_stop_handlers(int announce_first, int progress_bar)
 {
+    /* A log pipe whose reader is gone (2>&1 | tee log, tee ended by the same
+     * Ctrl-C) would kill us at the next progress line, before the checkpoint
+     * that keeps the run; ignored, the line is lost (EPIPE) and the run goes
+     * on. A closed stdout still fails the run when the results are printed.
+     * Before the stop handlers, whose acknowledgement may meet such a pipe. */
+    signal(SIGPIPE, SIG_IGN);
+    g_announce = announce_first != 0;
+    g_clear_bar = progress_bar != 0;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop_signal;
@@ -89,11 +143,6 @@ void train_install_stop_handlers(void)
         sigaction(sig, &sa, NULL);
         sigaddset(&stop_signals, sig);
     }
-    /* A log pipe whose reader is gone (2>&1 | tee log, tee ended by the same
-     * Ctrl-C) would kill us at the next progress line, before the checkpoint
-     * that keeps the run; ignored, the line is lost (EPIPE) and the run goes
-     * on. A closed stdout still fails the run when the results are printed. */
-    signal(SIGPIPE, SIG_IGN);
     /* A blocked signal mask survives exec: a launcher (a CI runner, a job
      * system) may start us with SIGINT blocked, and then the handler would
      * never run. Threads made later inherit this mask. */

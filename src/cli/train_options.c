@@ -130,7 +130,8 @@ static const cli_flag train_flags[F_COUNT + 1] = {
     [F_JSON] = {"json", NULL, NULL,
                 "print the results as one JSON object, the last line of stdout"},
     [F_QUIET] = {"quiet", NULL, NULL,
-                 "no progress display, no library warnings, no notes, and no warning\n"
+                 "no progress display, no library warnings, no notes, no line at once\n"
+                 "when a signal asks training to stop, and no warning\n"
                  "that a resumed run goes on with another strategy, replica count or\n"
                  "OpenBLAS thread count; a resume on another number of training\n"
                  "samples and a checkpoint that cannot be pruned still warn"},
@@ -193,9 +194,10 @@ void castor_cli_train_usage(FILE *out)
             "\n"
             "SIGINT, SIGTERM or SIGHUP stops training after the current step (the test\n"
             "evaluation after its current batch; one after its last batch lets the\n"
-            "results print); castor writes a checkpoint if --checkpoint-dir is set and\n"
-            "a step was trained, says where (after training, also where --save wrote\n"
-            "the model), and exits with status 130, 143 or 129. A signal castor was\n"
+            "results print), which castor says at once on stderr unless --quiet;\n"
+            "castor writes a checkpoint if --checkpoint-dir is set and a step was\n"
+            "trained, says where (after training, also where --save wrote the model),\n"
+            "and exits with status 130, 143 or 129. A signal castor was\n"
             "started with ignored stays ignored (nohup, or a shell's\n"
             "'castor train ... &' that ignores SIGINT).\n"
             "A second signal ends castor at once, writing nothing more: the steps since\n"
