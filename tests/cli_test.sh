@@ -1649,6 +1649,53 @@ else
         "$(tail -n 3 "$T/err"; ls -la "$ID" 2>&1)"
 fi
 
+# ---- the interrupt checkpoint cannot be written: the newest one kept is named -------------
+# (it said "interrupted after step N; cannot write the checkpoint ...: No
+# space left on device" and left the user to find the one before). A shim
+# fails every regular file's fsync with ENOSPC, as a full disk can; the run
+# resumed from ckpt-64 in its --checkpoint-dir and writes no periodic one.
+cat >"$T/enospc.c" <<'EOF2'
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <sys/stat.h>
+int fsync(int fd)
+{
+    static int (*real)(int);
+    if (!real)
+        *(void **)&real = dlsym(RTLD_NEXT, "fsync");
+    struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+        errno = ENOSPC;
+        return -1;
+    }
+    return real(fd);
+}
+EOF2
+if ${CC:-cc} -shared -fPIC -o "$T/enospc.so" "$T/enospc.c" -ldl 2>"$T/cc.err"; then
+    ND="$T/ck-nospace"
+    run "${TRAIN[@]}" --devices cpu:2 --epochs 1 --batch 8 --quiet --checkpoint-dir "$ND"
+    : >"$T/err"
+    LD_PRELOAD="$T/enospc.so" "$BIN" "${TRAIN[@]}" --devices cpu:2 --epochs 100000 \
+        --resume "$ND" --checkpoint-dir "$ND" --checkpoint-every 1000000 >"$T/out" 2>"$T/err" &
+    BGPID=$!
+    wait_for "$BGPID" grep -q '^epoch 2/' "$T/err"
+    kill -TERM "$BGPID" 2>/dev/null
+    wait_at_most "$BGPID" 60
+    BGPID=""
+    want="; the newest checkpoint is $ND/ckpt-000000000064.safetensors (step 64), which this run \
+resumed from"
+    if [[ $rc -eq 143 && "$(names "$ND")" == "ckpt-000000000064.safetensors " ]] &&
+        grep -q "^castor: interrupted after step [0-9]*; cannot write the checkpoint .*: No space \
+left on device (the temporary file [^)]*)$want\$" "$T/err"; then
+        ok "the interrupt checkpoint cannot be written -> 143, the one resumed from named"
+    else
+        bad "the interrupt checkpoint cannot be written: status $rc" "$(tail -n 2 "$T/err"; names "$ND")"
+    fi
+else
+    bad "cc could not build the ENOSPC shim" "$(cat "$T/cc.err")"
+fi
+
 # ---- a file size limit or a log pipe that goes away does not kill a run ----------------------
 # default_signals [--broken-stderr] CMD...: exec CMD with SIGPIPE and SIGXFSZ
 # at their default action, as a shell or a job system starts it (whatever
@@ -1677,7 +1724,8 @@ os.execv(args[0], args)' "$@"
 rc=$?
 if [[ $rc -eq 1 && $(lines "$T/err") -eq 1 ]] &&
     grep -q '^castor: cannot write the checkpoint .*-000000000008.safetensors: .*File too large' \
-        "$T/err" && [[ -z "$(find "$T/ck-fsize" -name '*.tmp.*' 2>/dev/null)" ]]; then
+        "$T/err" && grep -q '; there is no earlier checkpoint$' "$T/err" &&
+    [[ -z "$(find "$T/ck-fsize" -name '*.tmp.*' 2>/dev/null)" ]]; then
     ok "a checkpoint over the file size limit -> 1, no temporary file: $(head -c 80 "$T/err")"
 else
     bad "a checkpoint over the file size limit: status $rc" \
@@ -1847,12 +1895,15 @@ if ! grep -q "$SAVED is not a directory" "$T/err" || grep -q 'does not exist' "$
 fi
 expect_error 1 "--checkpoint-dir that is a file" "${TRAIN[@]}" --epochs 1 --checkpoint-dir "$SAVED"
 # A checkpoint that cannot be written stops training with an error (here a
-# directory stands where the second checkpoint would go).
+# directory stands where the second checkpoint would go), which names the
+# newest checkpoint, intact, to resume from (it was left unmentioned).
 mkdir -p "$T/ck-fail/ckpt-000000000008.safetensors"
 run "${TRAIN[@]}" --devices cpu:2 --epochs 2 --batch 64 --checkpoint-dir "$T/ck-fail" \
     --checkpoint-every 4 --save "$T/never.safetensors" --quiet
 if [[ $rc -eq 1 && $(lines "$T/err") -eq 1 ]] &&
     grep -q '^castor: cannot write the checkpoint .*ckpt-000000000008.safetensors: .*step 8' "$T/err" &&
+    grep -q "; the newest checkpoint is $T/ck-fail/ckpt-000000000004.safetensors (step 4)\$" \
+        "$T/err" &&
     [[ "$(names "$T/ck-fail")" == "ckpt-000000000004.safetensors ckpt-000000000008.safetensors " ]]; then
     ok "a checkpoint that cannot be written -> 1: $(head -c 100 "$T/err")"
 else

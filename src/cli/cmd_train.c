@@ -440,7 +440,9 @@ static int checkpoint_failed(train_run *r)
 {
     if (r->diverged_step >= 0)  /* no checkpoint of a diverged model, nor --save */
         return train_report_diverged(r);
-    cli_errorf("%s", r->ckpt_error);
+    char kept[CLI_PATH_MAX + 96];
+    train_newest_kept(r, kept, sizeof kept);
+    cli_errorf("%s%s", r->ckpt_error, kept);
     if (r->o.save && castor_model_epoch(r->model) >= r->o.epochs && save(r) == 0)
         fprintf(stderr, "castor: the trained model is saved in %s\n", r->o.save);
     return CLI_EXIT_RUNTIME;

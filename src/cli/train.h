@@ -119,6 +119,10 @@ int train_write_checkpoint(train_run *r);
 /* castor_model_save, with a second stop signal during the write held
  * back until the file is complete (it kills at once otherwise). */
 int train_save_whole(castor_model *m, const char *path);
+/* "; the newest checkpoint is PATH (step N)" (this run's, or the one it
+ * resumed from), or "; there is no earlier checkpoint": what a failed
+ * checkpoint write leaves to resume from, for the end of its message. */
+void train_newest_kept(const train_run *r, char *buf, size_t size);
 /* Whether the model's variables and optimizer state are all finite: 1; 0
  * when not (the run is then marked diverged at the model's step); -1 when
  * they could not be read (err says why). */

@@ -186,8 +186,7 @@ int train_report_diverged(train_run *r)
     cli_progress_finish(&r->progress);
     char kept[CLI_PATH_MAX + 64] = "";
     if (r->checkpoints > 0)
-        snprintf(kept, sizeof kept, "; the newest checkpoint is %s (step %lld)", r->last_ckpt,
-                 (long long)r->last_ckpt_step);
+        train_newest_kept(r, kept, sizeof kept);
     else if (r->resumed_from[0])
         snprintf(kept, sizeof kept, "; the run resumed from %s", r->resumed_from);
     const char *not_to = r->o.save && r->o.checkpoint_dir ? " (no --save, no checkpoint of it)"
@@ -202,6 +201,21 @@ int train_report_diverged(train_run *r)
 }
 
 /* ---- checkpoints ----------------------------------------------------------------------- */
+
+void train_newest_kept(const train_run *r, char *buf, size_t size)
+{
+    /* A failed write leaves the files before it as they were (atomic, and
+     * pruning comes only after a write that succeeded): the newest of them
+     * is where to resume, and the user should not have to look for it. */
+    if (r->checkpoints > 0)
+        snprintf(buf, size, "; the newest checkpoint is %s (step %lld)", r->last_ckpt,
+                 (long long)r->last_ckpt_step);
+    else if (r->resumed_from[0])
+        snprintf(buf, size, "; the newest checkpoint is %s (step %lld), which this run resumed "
+                 "from", r->resumed_from, (long long)r->meta.step);
+    else
+        snprintf(buf, size, "; there is no earlier checkpoint");
+}
 
 static int write_checkpoint(train_run *r)
 {
@@ -328,7 +342,9 @@ int train_report_interrupt(train_run *r)
         fprintf(stderr, "castor: interrupted %s %lld; checkpoint saved to %s\n", when, step,
                 r->last_ckpt);
     } else {
-        fprintf(stderr, "castor: interrupted %s %lld; %s\n", when, step, r->ckpt_error);
+        char kept[CLI_PATH_MAX + 96];
+        train_newest_kept(r, kept, sizeof kept);
+        fprintf(stderr, "castor: interrupted %s %lld; %s%s\n", when, step, r->ckpt_error, kept);
     }
     return 128 + sig;
 }
