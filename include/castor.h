@@ -90,7 +90,9 @@ typedef enum castor_status {
     CASTOR_DEVICE_MEMORY = 8,  /* the device memory budget is exceeded */
     CASTOR_UNSUPPORTED = 9,    /* not available in this build or on this machine */
     CASTOR_INTERRUPTED = 10,   /* stopped on request (progress callback, stop check) */
-    CASTOR_MISMATCH = 11       /* data or a file does not match the model */
+    CASTOR_MISMATCH = 11,      /* data or a file does not match the model */
+    CASTOR_NOT_DURABLE = 12    /* a file was written and is in place, but syncing its
+                                  directory failed: it may not survive a crash */
 } castor_status;
 
 /* A static English text for a status code; never NULL. */
@@ -504,7 +506,10 @@ CASTOR_API void castor_model_reset_run_stats(castor_model *model);
  * of the data section. Files are
  * written atomically (temporary file, fsync, rename, fsync of the
  * directory, where it can be opened: not in one the process may write in
- * but not read): a crash leaves the old file or the new one. A path that is a
+ * but not read): a crash leaves the old file or the new one. When that last
+ * fsync fails (EIO), the new file is in place and whole, but the rename may
+ * not survive a crash: castor_model_save returns CASTOR_NOT_DURABLE, which
+ * a caller may take as saved but not yet safe. A path that is a
  * symbolic link is written through: the file it leads to is replaced (or
  * made), and the link stays.
  */

@@ -239,15 +239,18 @@ int castor__atomic_commit(castor__atomic_file *af, char *err, size_t errlen)
         return CASTOR_OK;
     }
     if (dfd < 0 || (fsync(dfd) != 0 && errno != EINVAL)) {
+        /* The file is in place, whole: only the rename's durability is in
+         * doubt. CASTOR_IO said it was not written, and callers told users
+         * it was saved nowhere while it was there. */
         int e = errno;
         char eb[128];
         if (dfd >= 0)
             close(dfd);
-        castor__errf(err, errlen, "%s: written, but fsync of the directory %s failed (the file "
-                     "may not survive a crash): %s", af->path, af->dir,
+        castor__errf(err, errlen, "%s: written, but fsync of its directory %s failed: %s (it "
+                     "may not survive a crash)", af->path, af->dir,
                      castor__strerror(e, eb, sizeof eb));
         release(af);
-        return CASTOR_IO;
+        return CASTOR_NOT_DURABLE;
     }
     close(dfd);
     release(af);

@@ -47,7 +47,10 @@ char *castor__atomic_target(const char *path, int *rc, char *err, size_t errlen)
 int castor__atomic_write(castor__atomic_file *af, const void *data, size_t len);
 
 /* Sync, close and rename over the path, then sync the directory; releases
- * af whatever happens. CASTOR_OK, or CASTOR_IO with "PATH: why" in err. */
+ * af whatever happens. CASTOR_OK, or CASTOR_IO with "PATH: why" in err (the
+ * old file, or none, at path), or CASTOR_NOT_DURABLE when the file is in
+ * place but the directory's fsync failed (or it could not be opened for
+ * another reason than EACCES): it may not survive a crash. */
 int castor__atomic_commit(castor__atomic_file *af, char *err, size_t errlen);
 
 /* Give up: remove the temporary file and release af. what and the current

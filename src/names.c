@@ -30,6 +30,8 @@ const char *castor_errstr(int status)
     case CASTOR_UNSUPPORTED: return "not supported by this build or machine";
     case CASTOR_INTERRUPTED: return "interrupted";
     case CASTOR_MISMATCH: return "data or file does not match the model";
+    case CASTOR_NOT_DURABLE: return "file written, but its directory could not be synced (it "
+                                    "may not survive a crash)";
     default: return "unknown status code";
     }
 }

@@ -121,7 +121,8 @@ typedef struct castor__st_out {
  * what the directory's default ACL gives); a file replaced keeps its mode.
  * On failure the temporary file is removed, an existing file at path is
  * untouched, and CASTOR_IO (CASTOR_INVALID for bad arguments, CASTOR_NOMEM)
- * is returned with "PATH: what is wrong" in err.
+ * is returned with "PATH: what is wrong" in err; CASTOR_NOT_DURABLE when
+ * the file is in place but the directory's fsync failed.
  */
 int castor__st_write(const char *path, const castor__st_out *tensors, size_t n_tensors,
                      const castor__st_kv *meta, size_t n_meta, char *err, size_t errlen);

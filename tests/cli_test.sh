@@ -2266,6 +2266,62 @@ fi
 chmod 700 "$WX"
 chmod 700 "$T"
 
+# ---- the directory's fsync fails after the rename: the file is there, and said so ----------
+# (castor said "--save failed (above); the trained model was not saved
+# anywhere" of a model in place, and a checkpoint in place "cannot write").
+# A shim fails with EIO the directory fsyncs after the first $DIR_EIO_AFTER.
+cat >"$T/direio.c" <<'EOF2'
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+int fsync(int fd)
+{
+    static int (*real)(int);
+    static int dirs;
+    if (!real)
+        *(void **)&real = dlsym(RTLD_NEXT, "fsync");
+    struct stat st;
+    const char *after = getenv("DIR_EIO_AFTER");
+    if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode) && ++dirs > (after ? atoi(after) : 0)) {
+        errno = EIO;
+        return -1;
+    }
+    return real(fd);
+}
+EOF2
+if ${CC:-cc} -shared -fPIC -o "$T/direio.so" "$T/direio.c" -ldl 2>"$T/cc.err"; then
+    rm -f "$T/eio.safetensors"
+    LD_PRELOAD="$T/direio.so" run "${TRAIN[@]}" --epochs 1 --batch 64 --quiet --json \
+        --save "$T/eio.safetensors"
+    if [[ $rc -eq 1 && $(lines "$T/err") -eq 1 ]] && grep -qx "castor: --save \
+$T/eio.safetensors: written, but fsync of its directory $T failed: Input/output error (it may \
+not survive a crash)" "$T/err" && tail -n 1 "$T/out" | python3 -c '
+import json, sys
+assert json.loads(sys.stdin.read())["saved"] == sys.argv[1]' "$T/eio.safetensors" &&
+        "$BIN" eval --model "$T/eio.safetensors" --data "$DATA" --quiet >/dev/null 2>&1; then
+        ok "--save whose directory fsync fails -> the results, 'saved', the file there, 1"
+    else
+        bad "--save whose directory fsync fails: status $rc" "$(cat "$T/err"; tail -n 1 "$T/out")"
+    fi
+    # The second checkpoint's: it is in place, training stops, the first stays.
+    ED="$T/ck-eio"
+    DIR_EIO_AFTER=1 LD_PRELOAD="$T/direio.so" run "${TRAIN[@]}" --devices cpu:2 --epochs 2 \
+        --batch 64 --checkpoint-dir "$ED" --checkpoint-every 4 --quiet
+    if [[ $rc -eq 1 && $(lines "$T/err") -eq 1 &&
+        "$(names "$ED")" == "ckpt-000000000004.safetensors ckpt-000000000008.safetensors " ]] &&
+        grep -qx "castor: checkpoint $ED/ckpt-000000000008.safetensors: written, but fsync of \
+its directory $ED failed: Input/output error (it may not survive a crash) (training stopped at \
+step 8); the checkpoint before it is $ED/ckpt-000000000004.safetensors (step 4)" "$T/err"; then
+        ok "a checkpoint whose directory fsync fails -> 1, in place, the one before it named"
+    else
+        bad "a checkpoint whose directory fsync fails: status $rc" "$(cat "$T/err"; names "$ED")"
+    fi
+else
+    bad "cc could not build the directory EIO shim" "$(cat "$T/cc.err")"
+fi
+
 # ---- a signal after --save has written the model says where it is ------------------------
 # (it said "progress lost"). A test set large enough that the signal, sent
 # when the epoch line appears, lands before the save (the last step's

@@ -532,6 +532,15 @@ static int save(train_run *r)
     if (!r->o.save)
         return 0;
     int rc = train_save_whole(r->model, r->o.save);
+    if (rc == CASTOR_NOT_DURABLE) {
+        /* The model is in place and whole: saved, and said so (it was "not
+         * saved anywhere"), with the doubt about a crash; status 1 at the
+         * end, as the disk failed a write. */
+        cli_errorf("--save %s: %s", r->o.save,
+                   cli_why(cli_about_file(castor_model_errmsg(r->model), r->o.save), rc));
+        r->saved = r->save_unsynced = 1;
+        return 0;
+    }
     if (rc != CASTOR_OK) {
         cli_errorf("--save %s: %s", r->o.save,
                    cli_why(cli_about_file(castor_model_errmsg(r->model), r->o.save), rc));
@@ -622,6 +631,10 @@ int castor_cli_train(int argc, char **argv)
                                 "saved anywhere\n");
             rc = save_rc;
         }
+        /* As a --save that failed, the status says the disk failed a write
+         * (the results are printed, and the file is there). */
+        if (rc == 0 && run.save_unsynced)
+            rc = CLI_EXIT_RUNTIME;
     }
     /* A signal after the test evaluation's last stop check (any time in a
      * one-batch evaluation) stopped nothing: the results are whole and

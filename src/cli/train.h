@@ -71,7 +71,9 @@ typedef struct train_run {
     char ckpt_dir_made[CLI_PATH_MAX]; /* the topmost directory made for --checkpoint-dir */
     int ckpt_dir_lock;        /* --checkpoint-dir held (cli_ckpt_lock); -1: not */
     char ckpt_error[CLI_PATH_MAX + 1024]; /* a failed write, reported after fit stops */
+    int ckpt_unsynced;        /* that write put its file in place, but not synced */
     int saved;                /* --save written */
+    int save_unsynced;        /* and in place, but its directory's fsync failed */
     int save_failed;          /* --save could not be written: training is over */
     int evaluating;           /* in the test evaluation: training is over */
     /* Training diverged (a loss or a variable not finite) at this step; -1:
@@ -121,7 +123,8 @@ int train_write_checkpoint(train_run *r);
 int train_save_whole(castor_model *m, const char *path);
 /* "; the newest checkpoint is PATH (step N)" (this run's, or the one it
  * resumed from), or "; there is no earlier checkpoint": what a failed
- * checkpoint write leaves to resume from, for the end of its message. */
+ * checkpoint write leaves to resume from, for the end of its message
+ * ("the checkpoint before it" where the failed one is in place, unsynced). */
 void train_newest_kept(const train_run *r, char *buf, size_t size);
 /* Whether the model's variables and optimizer state are all finite: 1; 0
  * when not (the run is then marked diverged at the model's step); -1 when

@@ -207,12 +207,14 @@ void train_newest_kept(const train_run *r, char *buf, size_t size)
     /* A failed write leaves the files before it as they were (atomic, and
      * pruning comes only after a write that succeeded): the newest of them
      * is where to resume, and the user should not have to look for it. */
+    /* One in place but unsynced is newer, and may be gone after a crash. */
+    const char *which = r->ckpt_unsynced ? "the checkpoint before it" : "the newest checkpoint";
     if (r->checkpoints > 0)
-        snprintf(buf, size, "; the newest checkpoint is %s (step %lld)", r->last_ckpt,
+        snprintf(buf, size, "; %s is %s (step %lld)", which, r->last_ckpt,
                  (long long)r->last_ckpt_step);
     else if (r->resumed_from[0])
-        snprintf(buf, size, "; the newest checkpoint is %s (step %lld), which this run resumed "
-                 "from", r->resumed_from, (long long)r->meta.step);
+        snprintf(buf, size, "; %s is %s (step %lld), which this run resumed from", which,
+                 r->resumed_from, (long long)r->meta.step);
     else
         snprintf(buf, size, "; there is no earlier checkpoint");
 }
@@ -245,6 +247,15 @@ static int write_checkpoint(train_run *r)
         return -1;
     }
     int rc = train_save_whole(r->model, path);
+    if (rc == CASTOR_NOT_DURABLE) {
+        /* In place and whole, but a crash may take it: the disk has failed
+         * a write, so the run stops as for a checkpoint not written, and
+         * keeps the older ones (no pruning) to fall back on. */
+        r->ckpt_unsynced = 1;
+        snprintf(r->ckpt_error, sizeof r->ckpt_error, "checkpoint %s: %s%s", path,
+                 cli_why(cli_about_file(castor_model_errmsg(r->model), path), rc), stopped);
+        return -1;
+    }
     if (rc != CASTOR_OK) {
         snprintf(r->ckpt_error, sizeof r->ckpt_error, "cannot write the checkpoint %s: %s%s",
                  path, cli_why(cli_about_file(castor_model_errmsg(r->model), path), rc),
@@ -329,8 +340,9 @@ int train_report_interrupt(train_run *r)
                            ? "after training to step"
                            : "after step";
     if (r->saved) {  /* after training: --save holds it, whatever else happens */
-        fprintf(stderr, "castor: interrupted %s %lld; the model is saved in %s%s%s\n", when,
-                step, r->o.save, r->last_ckpt_step == step ? " and " : "",
+        fprintf(stderr, "castor: interrupted %s %lld; the model is saved in %s%s%s%s\n", when,
+                step, r->o.save, r->save_unsynced ? " (unsynced: see above)" : "",
+                r->last_ckpt_step == step ? " and " : "",
                 r->last_ckpt_step == step ? r->last_ckpt : "");
     } else if (!r->o.checkpoint_dir) {
         fprintf(stderr, "castor: interrupted %s %lld; %s\n", when, step,

@@ -210,9 +210,11 @@ void castor_cli_train_usage(FILE *out)
             "checkpoints stay.\n"
             "Exit status 1: the run failed (or another run is writing into\n"
             "--checkpoint-dir: try again once it has ended; or --save failed after\n"
-            "training, and the results were printed all the same); 2: a flag is\n"
-            "wrong, or the data, a checkpoint or --checkpoint-dir does not fit the\n"
-            "flags.\n");
+            "training, and the results were printed all the same; or --save wrote\n"
+            "the model, whole and in place, and the results were printed, but the\n"
+            "fsync of its directory failed, so that it may not survive a crash); 2: a\n"
+            "flag is wrong, or the data, a checkpoint or --checkpoint-dir does not\n"
+            "fit the flags.\n");
 }
 
 /* ---- phase 1: the command line ------------------------------------------------ */
