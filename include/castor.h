@@ -500,7 +500,9 @@ CASTOR_API void castor_model_reset_run_stats(castor_model *model);
  * row-major, F32), "dense_0.bias" (out), ..., the optimizer slots as
  * "dense_0.kernel.adam_m" etc., and in the header's __metadata__ the
  * architecture, loss, optimizer and hyper-parameters, seed, step, epoch and
- * position in the epoch, strategy, devices and OpenBLAS thread count that
+ * position in the epoch, the epoch count the last fit was to end at
+ * (target_epochs: the epochs done when it began plus its epochs; kept
+ * through a load and save), strategy, devices and OpenBLAS thread count that
  * trained it, the sample shape and IDX element type of the data it was last
  * fitted on (where that came from IDX files), castor version and the CRC-32
  * of the data section. Files are

@@ -37,6 +37,11 @@
  *                   batch they fix its order, so fit refuses to finish it on
  *                   other data. Optional: files written before these keys
  *                   lack them, and such an epoch is not checked.
+ *   target_epochs   the epoch count that the last fit to train a step was to
+ *                   end at: the epochs completed when it began plus its
+ *                   epochs (castor train: the run's --epochs, which a
+ *                   resumed run takes when not given). Optional: files
+ *                   written before it, and by a model never fitted, lack it
  *   rng             how the random streams follow from the seed: weights from
  *                   stream (seed, init), epoch e's shuffle from stream
  *                   (seed, shuffle, e) (src/rng.h), so seed and epoch are the
@@ -343,6 +348,7 @@ static int load_parsed(castor_model *m, const castor__st_file *f, const char *pa
     m->epoch_batch = info.epoch_batch;
     m->epoch_samples = info.epoch_samples;
     m->epoch_shuffle = info.epoch_shuffle;
+    m->target_epochs = info.target_epochs;
     m->in_type = info.input_type;
     m->in_rank = info.input_rank;
     memcpy(m->in_dims, info.input_dims, sizeof m->in_dims);
@@ -585,6 +591,8 @@ int castor_model_save(castor_model *m, const char *path)
         META_F("epoch_samples", "%" PRIu64, m->epoch_samples);
     if (m->epoch_shuffle >= 0)
         META_F("epoch_shuffle", "%d", m->epoch_shuffle);
+    if (m->target_epochs > 0)
+        META_F("target_epochs", "%" PRId64, m->target_epochs);
     if (m->in_rank > 0 && castor__ckpt_idx_type_name(m->in_type)) {
         META_S("input_type", castor__ckpt_idx_type_name(m->in_type));
         size_t at = 0;

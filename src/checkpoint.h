@@ -24,6 +24,7 @@ typedef struct castor__ckpt_info {
     int epoch_batch;
     uint64_t epoch_samples;  /* 0: not in the file */
     int epoch_shuffle;       /* -1: not in the file */
+    int64_t target_epochs;   /* 0: not in the file */
     int input_type;          /* IDX type code of input_type; 0: not in the file */
     int input_rank;          /* dimensions of input_shape; 0: not in the file */
     uint32_t input_dims[3];

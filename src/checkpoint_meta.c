@@ -226,6 +226,14 @@ int castor__ckpt_read_info(const castor__st_file *f, const char *path, castor__c
             return bad_value(path, "epoch_shuffle", v, "0 or 1", err, errlen);
         info->epoch_shuffle = (int)u;
     }
+    /* Optional: older files lack it. A fit ends at or before its target,
+     * so one below the epochs done is not what castor wrote. */
+    if ((v = castor__st_meta_get(f, "target_epochs"))) {
+        if (parse_uint(v, CKPT_MAX_POSITION, &u) || u == 0 || (int64_t)u < info->epoch)
+            return bad_value(path, "target_epochs", v, "a whole number from the epoch (at "
+                             "least 1) to 999999999999", err, errlen);
+        info->target_epochs = (int64_t)u;
+    }
 
     /* Optional, and together: what the model was trained on. */
     const char *shape = castor__st_meta_get(f, "input_shape");

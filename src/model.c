@@ -310,6 +310,7 @@ int castor_model_compile(castor_model *m, castor_strategy *s, castor_loss loss,
     m->epoch_batch = 0;
     m->epoch_samples = 0;
     m->epoch_shuffle = -1;
+    m->target_epochs = 0;
     m->in_type = m->in_rank = 0;
     m->inconsistent = 0;
 

@@ -69,6 +69,10 @@ struct castor_model {
      * shuffled (-1: unknown). */
     uint64_t epoch_samples;
     int epoch_shuffle;
+    /* The epoch count the last fit that trained a step was to end at (its
+     * start epoch plus its epochs; 0: unknown): kept in checkpoints, so
+     * that a run resumed from one can go on to the end it was given. */
+    int64_t target_epochs;
     /* The IDX element type and sample shape of the data it was last fitted
      * on, where that data came from IDX files (in_rank 0: unknown): kept
      * in checkpoints so that another kind of data can be told apart. */

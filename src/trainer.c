@@ -372,6 +372,8 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
     datasets_in_use(train, o, 1);
     double t0 = castor__now();
     int64_t steps_done = 0;
+    /* An epoch in progress is one of o->epochs (see castor.h). */
+    const int64_t target_epochs = m->epoch + o->epochs;
     castor_metrics epoch_metrics = {NAN, NAN, 0};
     int stop = 0;           /* max_steps reached, or the callback or stop check asked */
     int asked_to_stop = 0;  /* the callback or stop check asked: CASTOR_INTERRUPTED */
@@ -401,10 +403,13 @@ int castor_model_fit(castor_model *m, const castor_dataset *train,
              * (data from memory has no shape: what an IDX set said is
              * kept). Recorded at fit's start, it changed with a fit that
              * trained nothing: stopped, or refused the devices' room. */
-            if (steps_done++ == 0 && train->sample_rank > 0) {
-                m->in_type = train->idx_type;
-                m->in_rank = train->sample_rank;
-                memcpy(m->in_dims, train->sample_dims, sizeof m->in_dims);
+            if (steps_done++ == 0) {
+                m->target_epochs = target_epochs;
+                if (train->sample_rank > 0) {
+                    m->in_type = train->idx_type;
+                    m->in_rank = train->sample_rank;
+                    memcpy(m->in_dims, train->sample_dims, sizeof m->in_dims);
+                }
             }
             loss += s.loss_sum;
             correct += s.correct;

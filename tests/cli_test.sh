@@ -1505,6 +1505,56 @@ assert d["steps"] == 0 and d["global_step"] == 1920 and d["test_accuracy"] is no
     fi
 fi
 
+# ---- --resume without --epochs goes on to the run's own --epochs ---------------------------
+# (it trained to the default 10, whatever the run had asked for: 80 steps
+# for a run of --epochs 3 whose end was step 24). The checkpoint records
+# the run's --epochs (target_epochs); one written before that key goes on
+# to the default 10, and says so.
+ED3="$T/ck-epochs"
+run "${TRAIN[@]}" --devices cpu --epochs 3 --batch 64 --quiet --checkpoint-dir "$ED3" \
+    --checkpoint-every 4 --keep 100
+MID="$ED3/ckpt-000000000012.safetensors"
+target=$(python3 -c 'import sys, ckpt_file; print(ckpt_file.meta(sys.argv[1]).get("target_epochs"))' \
+    "$MID" 2>&1)
+run "${TRAIN[@]}" --devices cpu --resume "$MID" --json --quiet
+if [[ $rc -eq 0 && $target == 3 && ! -s "$T/err" ]] && tail -n 1 "$T/out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+assert d["epochs"] == 3 and d["global_step"] == 24 and d["steps"] == 12, d' 2>"$T/py"; then
+    ok "--resume without --epochs: the run's --epochs 3 (target_epochs), to step 24"
+else
+    bad "--resume without --epochs: status $rc, target_epochs '$target'" \
+        "$(cat "$T/py"; tail -n 1 "$T/out"; cat "$T/err")"
+fi
+run "${TRAIN[@]}" --devices cpu --resume "$MID" --epochs 2 --json --quiet
+if [[ $rc -eq 0 ]] && tail -n 1 "$T/out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+assert d["epochs"] == 2 and d["global_step"] == 16, d' 2>"$T/py"; then
+    ok "--resume with --epochs 2: the flag, not the file's 3"
+else
+    bad "--resume with --epochs 2: status $rc" "$(cat "$T/py"; tail -n 1 "$T/out"; cat "$T/err")"
+fi
+python3 - "$MID" "$T/no-target.safetensors" <<'EOF'
+import sys
+import ckpt_file
+h, data = ckpt_file.read(sys.argv[1])
+h["__metadata__"].pop("target_epochs", None)  # (the old castor wrote none)
+ckpt_file.write(sys.argv[2], h, data)
+EOF
+run "${TRAIN[@]}" --devices cpu --resume "$T/no-target.safetensors" --json
+if [[ $rc -eq 0 ]] && grep -qx "castor: warning: --resume $T/no-target.safetensors: it does not \
+say how many its run was to train (an older castor wrote it); training to --epochs 10, the \
+default" "$T/err" && tail -n 1 "$T/out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+assert d["epochs"] == 10 and d["global_step"] == 80, d' 2>"$T/py"; then
+    ok "--resume of a file without target_epochs: the default 10, with a warning"
+else
+    bad "--resume of a file without target_epochs: status $rc" \
+        "$(cat "$T/py"; tail -n 1 "$T/out"; grep -v '^epoch' "$T/err")"
+fi
+
 # The summary counts in words that agree with the number ("1 steps" before).
 run "${TRAIN[@]}" --devices cpu --batch 512 --epochs 1
 if [[ $rc -eq 0 ]] && grep -q '^training: *1 epoch, batch 512, 1 step in ' "$T/out"; then

@@ -136,6 +136,73 @@ Test(checkpoint, plain_sgd_has_no_slots)
     free(path);
 }
 
+/* ---- target_epochs: where the last fit was to end ------------------------------------- */
+
+/* __metadata__[key] of the file at path, malloc'd, or NULL. */
+static char *meta_of(const char *path, const char *key)
+{
+    castor__st_file f;
+    char err[256];
+    cr_assert_eq(castor__st_read(path, &f, err, sizeof err), CASTOR_OK, "%s", err);
+    const char *v = castor__st_meta_get(&f, key);
+    char *copy = v ? strdup(v) : NULL;
+    castor__st_free(&f);
+    return copy;
+}
+
+static void expect_target(castor_model *m, const char *path, const char *want)
+{
+    cr_assert_eq(castor_model_save(m, path), CASTOR_OK, "%s", castor_model_errmsg(m));
+    char *v = meta_of(path, "target_epochs");
+    if (!want)
+        cr_assert_null(v, "target_epochs '%s' in a file of a model never fitted", v);
+    else
+        cr_assert(v && strcmp(v, want) == 0, "target_epochs '%s', want '%s'", v ? v : "(none)",
+                  want);
+    free(v);
+}
+
+/* A run resumed from a checkpoint can go on to the end its fit was given
+ * (castor train took its default of 10 epochs, whatever the run's were). */
+Test(checkpoint, target_epochs_is_where_the_last_fit_was_to_end)
+{
+    char *dir = support_tmpdir();
+    char *path = ckpt_path_in(dir, "t.safetensors");
+    castor_dataset *ds = ckpt_synthetic();
+    castor_strategy *s = ckpt_make_strategy(CASTOR_STRATEGY_CENTRAL, "cpu");
+    castor_model *m = ckpt_make_model(s, LAYERS, ckpt_make_opt(CASTOR_OPT_ADAM), 3);
+    expect_target(m, path, NULL);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.batch_size = BATCH;
+    fo.epochs = 3;
+    fo.max_steps = 10;  /* stopped 3 steps into epoch 1 of 3 */
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m));
+    expect_target(m, path, "3");
+    /* kept through a load and a save */
+    castor_strategy *s2 = ckpt_make_strategy(CASTOR_STRATEGY_CENTRAL, "cpu");
+    castor_model *m2 = ckpt_make_model(s2, LAYERS, ckpt_make_opt(CASTOR_OPT_ADAM), 3);
+    cr_assert_eq(castor_model_load(m2, path), CASTOR_OK, "%s", castor_model_errmsg(m2));
+    char *again = ckpt_path_in(dir, "again.safetensors");
+    expect_target(m2, again, "3");
+    /* the epoch in progress is one of a fit's epochs: 1 done + 2 */
+    fo.epochs = 2;
+    fo.max_steps = 1;
+    cr_assert_eq(castor_model_fit(m2, ds, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m2));
+    expect_target(m2, again, "3");
+    fo.epochs = 5;
+    cr_assert_eq(castor_model_fit(m2, ds, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m2));
+    expect_target(m2, again, "6");
+    castor_model_free(m2);
+    castor_model_free(m);
+    castor_strategy_free(s2);
+    castor_strategy_free(s);
+    castor_dataset_free(ds);
+    support_rmrf(dir);
+    free(dir);
+    free(again);
+    free(path);
+}
+
 /* ---- the application's locale -------------------------------------------------------- */
 
 /* A locale whose decimal point is a comma, compiled into dir (Debian's

@@ -399,6 +399,41 @@ static void no_epoch_order(parts *p)
     edit(p, "\"epoch_shuffle\":", "\"comment_b\":");
 }
 
+/* The good file's fit was to run 1000 epochs (checkpoint_support.c). */
+static void zero_target_epochs(parts *p)
+{
+    edit(p, "\"target_epochs\":\"1000\"", "\"target_epochs\":\"0\"");
+}
+static void target_below_the_epoch(parts *p)
+{
+    edit(p, "\"target_epochs\":\"1000\"", "\"target_epochs\":\"1\"");
+    edit(p, "\"epoch\":\"0\"", "\"epoch\":\"2\"");
+}
+static void no_target_epochs(parts *p)
+{
+    edit(p, "\"target_epochs\":", "\"comment_c\":");
+}
+
+Test(checkpoint, bad_target_epochs)
+{
+    corrupt_case(zero_target_epochs, CASTOR_FORMAT, "'target_epochs' is '0'");
+    corrupt_case(target_below_the_epoch, CASTOR_FORMAT, "'target_epochs' is '1'");
+}
+
+/* Files written before the key lack it: they load, and save without it. */
+Test(checkpoint, target_epochs_absent_from_older_files)
+{
+    fixture fx;
+    ckpt_setup(&fx);
+    write_bad(&fx, no_target_epochs);
+    cr_assert_eq(castor_model_load(fx.m, fx.bad), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
+    cr_assert_eq(castor_model_save(fx.m, fx.bad), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
+    parts p = split_file(fx.bad);
+    cr_assert_null(strstr(p.header, "target_epochs"), "%s", p.header);
+    parts_free(&p);
+    ckpt_teardown(&fx);
+}
+
 Test(checkpoint, bad_epoch_order)
 {
     corrupt_case(zero_epoch_samples, CASTOR_FORMAT, "'epoch_samples' is '0'");

@@ -312,6 +312,9 @@ static int parse_meta(const cJSON *meta, cli_ckpt_meta *m, const char *path, cha
             return -1;
         m->epoch_shuffle = (int)v;
     }
+    if (meta_str(meta, "target_epochs") &&
+        meta_i64(meta, "target_epochs", 1, INT64_MAX, &m->target_epochs, path, err, errlen))
+        return -1;
     /* Informational: absent or odd values are no reason to refuse the file.
      * They are printed, though, so only printable ASCII is kept. */
     copy_printable(m->strategy, sizeof m->strategy, meta_str(meta, "strategy"));

@@ -73,6 +73,7 @@ typedef struct cli_ckpt_meta {
     int epoch_batch;      /* the batch size of the last epoch trained */
     int64_t epoch_samples; /* the training samples it is over; 0: not in the file */
     int epoch_shuffle;    /* whether that epoch's order is shuffled; -1: not in the file */
+    int64_t target_epochs; /* the --epochs of the run that wrote it; 0: not in the file */
     char strategy[32];    /* what wrote it: informational */
     char devices[128];
     int replicas;

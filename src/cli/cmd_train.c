@@ -468,10 +468,10 @@ static int fit(train_run *r)
     int64_t left = (int64_t)r->o.epochs - r->epoch0;
     if (left <= 0) {
         if (!r->o.quiet)
-            fprintf(stderr, "castor: %s has done %lld epoch%s of --epochs %d: nothing left to "
+            fprintf(stderr, "castor: %s has done %lld epoch%s of --epochs %d%s: nothing left to "
                             "train; evaluating\n",
                     r->resumed_from, (long long)r->epoch0, r->epoch0 == 1 ? "" : "s",
-                    r->o.epochs);
+                    r->o.epochs, r->epochs_from_file ? " (its run's)" : "");
         r->train_m.loss = r->train_m.accuracy = NAN;
         return 0;
     }

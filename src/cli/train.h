@@ -36,12 +36,15 @@ typedef struct train_opts {
     int json, quiet, verbose;
     /* given on the command line (a resumed run takes the others from the file) */
     int layers_set, loss_set, optimizer_set, seed_set, batch_set, validation_split_set;
+    int epochs_set;
     const char *save, *checkpoint_dir, *resume;
     int checkpoint_every; /* steps; CKPT_EVERY_EPOCH: at every epoch's end */
     int every_set, keep, keep_set;
 } train_opts;
 
 enum { CKPT_EVERY_EPOCH = -1 };
+/* --epochs: 1 to this; 10 when not given (a resumed run: the file's). */
+enum { CLI_EPOCHS_MAX = 1000000, CLI_EPOCHS_DEFAULT = 10 };
 
 typedef struct train_run {
     train_opts o;
@@ -64,6 +67,7 @@ typedef struct train_run {
     /* --resume */
     char resumed_from[CLI_PATH_MAX]; /* "" for a fresh model */
     cli_ckpt_meta meta;
+    int epochs_from_file;     /* o.epochs is the checkpoint's target_epochs */
     /* --checkpoint-dir */
     int checkpoints;          /* written by this run */
     int64_t last_ckpt_step;   /* -1: none yet */

@@ -77,7 +77,8 @@ static const cli_flag train_flags[F_COUNT + 1] = {
     [F_WEIGHT_DECAY] = {"weight-decay", "X", "0.004",
                         "decoupled weight decay, 0 <= X <= 1 (adamw only): each step\n"
                         "first takes lr * X * w from every weight and bias w"},
-    [F_EPOCHS] = {"epochs", "N", "10", "passes over the training data, 1 to 1000000"},
+    [F_EPOCHS] = {"epochs", "N", "10; with --resume, the checkpoint's run's",
+                  "passes over the training data in all, 1 to 1000000"},
     [F_BATCH] = {"batch", "N", "256",
                  "the global batch size, split over the replicas: at least the\n"
                  "number of replicas, at most 16777216"},
@@ -131,10 +132,11 @@ static const cli_flag train_flags[F_COUNT + 1] = {
                 "print the results as one JSON object, the last line of stdout"},
     [F_QUIET] = {"quiet", NULL, NULL,
                  "no progress display, no library warnings, no notes, no line at once\n"
-                 "when a signal asks training to stop, and no warning\n"
-                 "that a resumed run goes on with another strategy, replica count or\n"
-                 "OpenBLAS thread count; a resume on another number of training\n"
-                 "samples and a checkpoint that cannot be pruned still warn"},
+                 "when a signal asks training to stop, and no warning that a resumed\n"
+                 "run goes on with another strategy, replica count or OpenBLAS thread\n"
+                 "count, or to the default --epochs (a checkpoint from an older\n"
+                 "castor); a resume on another number of training samples and a\n"
+                 "checkpoint that cannot be pruned still warn"},
     [F_VERBOSE] = {"verbose", NULL, NULL,
                    "describe the run on stderr, with the library's info messages"},
     [F_COUNT] = {NULL, NULL, NULL, NULL},
@@ -187,10 +189,13 @@ void castor_cli_train_usage(FILE *out)
             "size, --data and --validation-split.\n"
             "--epochs is the total for the whole run, the interrupted part included:\n"
             "training continues until that many epochs are done (a checkpoint that has\n"
-            "done them all is only evaluated). On the same machine, data, strategy,\n"
-            "number of replicas and (for CPU replicas) OpenBLAS threads the result is\n"
-            "bitwise the one of a run never interrupted; a resume with another\n"
-            "strategy, replica count or OpenBLAS thread count warns.\n"
+            "done them all is only evaluated). Left out, it is the --epochs of the run\n"
+            "that wrote the checkpoint, which castor records in it (target_epochs); a\n"
+            "file from a castor that did not gets the default, 10, with a warning\n"
+            "(not with --quiet). On the same machine, data, strategy, number of\n"
+            "replicas and (for CPU replicas) OpenBLAS threads the result is bitwise\n"
+            "the one of a run never interrupted; a resume with another strategy,\n"
+            "replica count or OpenBLAS thread count warns.\n"
             "\n"
             "SIGINT, SIGTERM or SIGHUP stops training after the current step (the test\n"
             "evaluation after its current batch; one after its last batch lets the\n"
@@ -227,7 +232,7 @@ int train_parse_args(train_opts *o, int argc, char **argv)
     o->layers = "128:relu,10";
     o->loss = CASTOR_LOSS_SOFTMAX_XENT;
     o->optimizer = CASTOR_OPT_ADAM;
-    o->epochs = 10;
+    o->epochs = CLI_EPOCHS_DEFAULT;
     o->batch = 256;
     o->seed = 1;
     o->strategy = CASTOR_STRATEGY_CENTRAL;
@@ -287,7 +292,10 @@ int train_parse_args(train_opts *o, int argc, char **argv)
             bad = cli_parse_double(name, v, 0.0, 0, 1.0, 0, &o->weight_decay);
             o->weight_decay_set = 1;
             break;
-        case F_EPOCHS: bad = cli_parse_int(name, v, 1, 1000000, &o->epochs); break;
+        case F_EPOCHS:
+            bad = cli_parse_int(name, v, 1, CLI_EPOCHS_MAX, &o->epochs);
+            o->epochs_set = 1;
+            break;
         case F_BATCH:
             bad = cli_parse_int(name, v, 1, 1 << 24, &o->batch);
             o->batch_set = 1;

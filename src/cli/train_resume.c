@@ -218,6 +218,21 @@ int train_resume(train_run *r)
             return rc;
         samples = castor_dataset_size(r->train);
     }
+    /* Without --epochs, the run goes on to the end it was given (it trained
+     * to the default 10, past a run of 3 or short of one of 50). */
+    if (!r->o.epochs_set && r->meta.target_epochs > 0 &&
+        r->meta.target_epochs <= CLI_EPOCHS_MAX) {
+        r->o.epochs = (int)r->meta.target_epochs;
+        r->epochs_from_file = 1;
+        train_note(r, "--epochs %d, as the run that wrote %s was given", r->o.epochs, path);
+    } else if (!r->o.epochs_set && !r->o.quiet) {
+        char why[96] = "it does not say how many its run was to train (an older castor wrote it)";
+        if (r->meta.target_epochs > 0)
+            snprintf(why, sizeof why, "its run was to train %lld, more than --epochs takes",
+                     (long long)r->meta.target_epochs);
+        fprintf(stderr, "castor: warning: --resume %s: %s; training to --epochs %d, the "
+                        "default\n", path, why, r->o.epochs);
+    }
     int trains = castor_model_epoch(r->model) < r->o.epochs;
     if (r->meta.step_in_epoch > 0 && r->meta.epoch_samples > 0 &&
         (uint64_t)r->meta.epoch_samples != samples) {
