@@ -461,6 +461,8 @@ int castor_model_open(castor_model **out, const char *path, castor_strategy *str
         /* Before the file is read: it may be large, and would be refused. */
         snprintf(err, sizeof err, "%s: open needs a strategy to compile the model on", path);
         rc = CASTOR_MISUSE;
+    } else if ((rc = castor__strategy_refuses_model(strategy, path, err, sizeof err))) {
+        /* Before the file is read, too: it would be read whole, then refused. */
     } else {
         rc = castor__st_read(path, &f, err, sizeof err);
         if (!rc && (rc = castor__ckpt_read_info(&f, path, &info, err, sizeof err)))

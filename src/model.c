@@ -251,6 +251,25 @@ void castor__model_init_params(const castor_model *m, float *params)
     }
 }
 
+int castor__strategy_refuses_model(const castor_strategy *s, const char *what, char *err,
+                                   size_t errlen)
+{
+    if (!s->ready) {
+        snprintf(err, errlen, "%s: the strategy was not created (%s)", what,
+                 s->errmsg[0] ? s->errmsg : "castor_strategy_create failed");
+        return CASTOR_MISUSE;
+    }
+    if (s->bound) {
+        snprintf(err, errlen, "%s: %s", what,
+                 s->bound->free_asked ? "the strategy's model is freed when its running call "
+                                        "returns, not before: compile after that"
+                                      : "the strategy already has a compiled model; free it "
+                                        "first");
+        return CASTOR_MISUSE;
+    }
+    return CASTOR_OK;
+}
+
 int castor_model_compile(castor_model *m, castor_strategy *s, castor_loss loss,
                          const castor_optimizer *optimizer, uint64_t seed)
 {
@@ -261,23 +280,17 @@ int castor_model_compile(castor_model *m, castor_strategy *s, castor_loss loss,
     int rc = castor__model_not_fitting(m, "compile");
     if (rc)
         return rc;
-    if (!s->ready)
-        return castor__model_fail(m, CASTOR_MISUSE,
-                                  "compile: the strategy was not created (%s)",
-                                  s->errmsg[0] ? s->errmsg : "castor_strategy_create failed");
+    char why[CASTOR__MSG_MAX];
+    if (!s->ready && castor__strategy_refuses_model(s, "compile", why, sizeof why))
+        return castor__model_fail(m, CASTOR_MISUSE, "%s", why);
     if (m->compiled)
         return castor__model_fail(m, CASTOR_MISUSE, "the model is already compiled");
     if (m->input_features <= 0)
         return castor__model_fail(m, CASTOR_MISUSE,
                                   "compile: the model was not created (%d input features)",
                                   m->input_features);
-    if (s->bound)
-        return castor__model_fail(m, CASTOR_MISUSE,
-                                  s->bound->free_asked
-                                      ? "the strategy's model is freed when its running call "
-                                        "returns, not before: compile after that"
-                                      : "the strategy already has a compiled model; free it "
-                                        "first");
+    if (castor__strategy_refuses_model(s, "compile", why, sizeof why))
+        return castor__model_fail(m, CASTOR_MISUSE, "%s", why);
     if (m->n_layers == 0)
         return castor__model_fail(m, CASTOR_INVALID, "the model has no layers");
     if (loss != CASTOR_LOSS_SOFTMAX_XENT && loss != CASTOR_LOSS_MSE)

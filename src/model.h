@@ -121,6 +121,10 @@ int castor__model_ready(castor_model *m, const char *what);
 /* CASTOR_MISUSE, said on m, when called from inside fit, evaluate or
  * predict (their progress callback or stop check). */
 int castor__model_not_fitting(castor_model *m, const char *what);
+/* Why s cannot take a model now, as "WHAT: why" in err (CASTOR_MISUSE): it
+ * was not created, or it has a model; else CASTOR_OK. */
+int castor__strategy_refuses_model(const castor_strategy *s, const char *what, char *err,
+                                   size_t errlen);
 /* Undo compile: the replicas and host buffers freed, the strategy free for
  * another model; the layers and the message stay. */
 void castor__model_detach(castor_model *m);

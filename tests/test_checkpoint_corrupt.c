@@ -524,6 +524,23 @@ Test(checkpoint, load_needs_compiled_model)
     castor_model_free(m);
 }
 
+/* open on a strategy that has a model read and parsed the whole file, then
+ * refused it (CASTOR_MISUSE): the strategy is checked first. A file that
+ * is not there shows it: it said "cannot open" (CASTOR_IO) before. */
+Test(checkpoint, open_on_a_taken_strategy_refuses_before_reading)
+{
+    castor_strategy *s = ckpt_make_strategy(CASTOR_STRATEGY_CENTRAL, "cpu");
+    castor_model *held = ckpt_make_model(s, "4:relu,3", ckpt_make_opt(CASTOR_OPT_SGD), 1);
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_open(&m, "/nonexistent.safetensors", s), CASTOR_MISUSE, "%s",
+                 castor_model_errmsg(m));
+    cr_assert_str_eq(castor_model_errmsg(m), "/nonexistent.safetensors: the strategy already "
+                     "has a compiled model; free it first");
+    castor_model_free(m);
+    castor_model_free(held);
+    castor_strategy_free(s);
+}
+
 /* ---- metadata that lies about sizes and positions (review findings) ---------------------- */
 
 static void huge_step(parts *p)
