@@ -246,8 +246,9 @@ int castor__atomic_commit(castor__atomic_file *af, char *err, size_t errlen)
         char eb[128];
         if (dfd >= 0)
             close(dfd);
-        castor__errf(err, errlen, "%s: written, but fsync of its directory %s failed: %s (it "
-                     "may not survive a crash)", af->path, af->dir,
+        castor__errf(err, errlen, "%s: written, but %s %s%s: %s (it may not survive a crash)",
+                     af->path, dfd >= 0 ? "fsync of its directory" : "its directory", af->dir,
+                     dfd >= 0 ? " failed" : " cannot be opened to sync it",
                      castor__strerror(e, eb, sizeof eb));
         release(af);
         return CASTOR_NOT_DURABLE;

@@ -772,7 +772,7 @@ for prefix, n in (("train", 2048), ("t10k", 64)):
     with open(os.path.join(sys.argv[1], prefix + "-labels-idx1-ubyte"), "wb") as f:
         f.write(struct.pack(">II", 0x801, n) + bytes(b % 10 for b in os.urandom(n)))
 EOF
-ACK_LINE='^castor: SIGINT: stopping after the current step; Ctrl-C again quits at once, writing nothing more$'
+ACK_LINE='^castor: SIGINT: stopping as soon as it safely can; Ctrl-C again quits at once, writing nothing more$'
 acked() { grep -q "$ACK_LINE" "$T/err"; }
 : >"$T/err"
 signals_default "$BIN" train --data "$ACK" --layers 2048:relu,2048:relu,10 --devices cpu:2 \
@@ -1544,8 +1544,8 @@ ckpt_file.write(sys.argv[2], h, data)
 EOF
 run "${TRAIN[@]}" --devices cpu --resume "$T/no-target.safetensors" --json
 if [[ $rc -eq 0 ]] && grep -qx "castor: warning: --resume $T/no-target.safetensors: it does not \
-say how many its run was to train (an older castor wrote it); training to --epochs 10, the \
-default" "$T/err" && tail -n 1 "$T/out" | python3 -c '
+say how many its run was to train (an older castor, or a model never trained, wrote it); \
+training to --epochs 10, the default" "$T/err" && tail -n 1 "$T/out" | python3 -c '
 import json, sys
 d = json.loads(sys.stdin.read())
 assert d["epochs"] == 10 and d["global_step"] == 80, d' 2>"$T/py"; then

@@ -18,13 +18,13 @@
 #define CLI_ROW_DEVICE_MEMORY                                                            \
     {"device-memory", "BYTES", "0: 1G per emulated CPU device, a GPU's free memory",     \
      "the device memory of each emulated CPU device, shared by the K\n"                  \
-     "replicas of cpu:NxK, and of each GPU replica (at 0 the K replicas\n"               \
-     "of cuda:IxK share the GPU's free memory), with an optional\n"                      \
-     "K, M, G or T suffix (powers of 1024): 512M, 2G. Each replica\n"                    \
-     "holds the variables and a batch's activations; to train, also\n"                   \
-     "the gradients, the backward pass's share of the activations\n"                     \
-     "(about as much again) and, mirrored, the optimizer state, which\n"                 \
-     "eval and predict need no room for"}
+     "replicas of cpu:NxK, and of each GPU replica (the K replicas of\n"                 \
+     "cuda:IxK share the GPU's free memory: a budget above a share is\n"                 \
+     "held to it), with an optional K, M, G or T suffix (powers of\n"                    \
+     "1024): 512M, 2G. Each replica holds the variables and a batch's\n"                 \
+     "activations; to train, also the gradients, the backward pass's\n"                  \
+     "share of the activations (about as much again) and, mirrored,\n"                   \
+     "the optimizer state, which eval and predict need no room for"}
 
 /* The directory for --data: "fashion-mnist" is $CASTOR_FASHION_MNIST, or
  * else CLI_DEFAULT_FASHION_MNIST; anything else is a directory. */

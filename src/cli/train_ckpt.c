@@ -68,7 +68,7 @@ static void announce(int sig)
         put(line, sizeof line, &n, "\r\033[K");
     put(line, sizeof line, &n, "castor: ");
     put(line, sizeof line, &n, name);
-    put(line, sizeof line, &n, ": stopping after the current step; ");
+    put(line, sizeof line, &n, ": stopping as soon as it safely can; ");
     put(line, sizeof line, &n, sig == SIGINT ? "Ctrl-C again" : "another signal");
     put(line, sizeof line, &n, " quits at once, writing nothing more\n");
     for (size_t done = 0; done < n;) {

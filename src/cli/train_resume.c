@@ -226,7 +226,8 @@ int train_resume(train_run *r)
         r->epochs_from_file = 1;
         train_note(r, "--epochs %d, as the run that wrote %s was given", r->o.epochs, path);
     } else if (!r->o.epochs_set && !r->o.quiet) {
-        char why[96] = "it does not say how many its run was to train (an older castor wrote it)";
+        char why[112] = "it does not say how many its run was to train (an older castor, or "
+                        "a model never trained, wrote it)";
         if (r->meta.target_epochs > 0)
             snprintf(why, sizeof why, "its run was to train %lld, more than --epochs takes",
                      (long long)r->meta.target_epochs);
