@@ -258,7 +258,7 @@ $(BUILD)/castor-tsan-tests: $(TSAN_TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/libca
 
 # ---- fuzzing (clang + libFuzzer, with ASan and UBSan) ----
 FUZZ_SECONDS ?= 60
-FUZZERS = idx safetensors checkpoint layers devices
+FUZZERS = idx safetensors checkpoint layers devices api
 FUZZ_BUILD = $(BUILD)/fuzz
 fuzz: deps-check
 	$(MAKE) --no-print-directory CC=clang BUILD=$(FUZZ_BUILD) NO_CUDA=1 OPT=-O1 \
