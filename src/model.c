@@ -478,8 +478,10 @@ int castor_model_set_params(castor_model *m, const float *src, size_t count)
      * steps it has taken: Adam's bias correction must count those. */
     m->opt_step = m->host_opt_step;
     memcpy(m->params.ptr, src, count * sizeof(float));
-    /* The variables are finite now; a state loaded with NaN or inf stays. */
-    m->nonfinite = castor__model_host_nonfinite(m) & CASTOR__NONFINITE_STATE;
+    /* The variables are finite now; a state loaded with NaN or inf stays.
+     * Only what a load placed is flagged: a state that training made
+     * infinite is no load's, and such a model trains on (castor.h). */
+    m->nonfinite &= CASTOR__NONFINITE_STATE;
     m->params_version++;
     return m->strategy->ops->push(m);
 }

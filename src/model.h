@@ -84,7 +84,8 @@ struct castor_model {
     /* What a load placed that is not finite (NaN or inf), which fit
      * refuses to train from: NONFINITE_PARAMS, NONFINITE_STATE. Cleared by
      * compile and by a load of finite values; set_params clears the first
-     * (its values are finite) and looks at the state again. */
+     * (its values are finite) and keeps the second. Training that diverges
+     * sets neither: such a model trains on (castor.h). */
     int nonfinite;
 
     /* Set when a device failed half-way through an update that the strategy

@@ -625,3 +625,52 @@ Test(numerics, all_finite_sees_the_optimizer_state)
         castor_strategy_free(s);
     }
 }
+
+/* A model whose training diverged trains on (castor.h, castor_model_fit):
+ * fit refuses only what a load placed. Setting finite variables on it made
+ * fit refuse it all the same, saying its optimizer state was "loaded from
+ * the checkpoint" that it never was: set_params flagged the state that
+ * training had made infinite as if a load had placed it. Found by
+ * tests/fuzz/fuzz_api.c. Central and mirrored on cpu:2. */
+Test(numerics, set_params_on_a_model_diverged_in_training_trains_on)
+{
+    data d;
+    make_data(&d, 9);
+    for (int i = 0; i < NS * NF; i++)
+        d.x[i] *= 1e30f;  /* Adam's v overflows, the variables stay finite */
+    for (int k = 0; k < 2; k++) {
+        const char *kind = castor_strategy_kind_name((castor_strategy_kind)k);
+        castor_strategy *s = NULL;
+        cr_assert_eq(castor_strategy_create(&s, (castor_strategy_kind)k, "cpu:2", NULL),
+                     CASTOR_OK);
+        castor_model *m = NULL;
+        cr_assert_eq(castor_model_create(&m, NF), CASTOR_OK);
+        cr_assert_eq(castor_model_add_layers(m, "3"), CASTOR_OK);
+        cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 5), CASTOR_OK);
+        castor_dataset *ds = make_dataset(&d, CASTOR_LOSS_SOFTMAX_XENT);
+        castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+        fo.batch_size = NS;
+        fo.max_steps = 1;
+        cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m));
+        int finite = -1;
+        cr_assert_eq(castor_model_all_finite(m, &finite), CASTOR_OK);
+        cr_assert_eq(finite, 0, "%s: the test needs a diverged optimizer state", kind);
+        cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s: a diverged model "
+                     "trains on: %s", kind, castor_model_errmsg(m));
+        size_t np = castor_model_num_params(m);
+        float *p = malloc(np * sizeof *p);
+        cr_assert(p);
+        for (size_t i = 0; i < np; i++)
+            p[i] = 0.01f * (float)i;
+        cr_assert_eq(castor_model_set_params(m, p, np), CASTOR_OK, "%s",
+                     castor_model_errmsg(m));
+        int64_t step = castor_model_step(m);
+        cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s: fit after set_params: "
+                     "%s", kind, castor_model_errmsg(m));
+        cr_assert_eq(castor_model_step(m), step + 1, "%s", kind);
+        free(p);
+        castor_dataset_free(ds);
+        castor_model_free(m);
+        castor_strategy_free(s);
+    }
+}
