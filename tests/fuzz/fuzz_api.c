@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "castor.h"
@@ -102,7 +103,7 @@ static float unit(void)
 typedef struct hstrat {
     castor_strategy *h;
     int ok;          /* created */
-    int replicas;
+    int replicas, kind;
     size_t budget;   /* as given: 0 for the default */
     int log_level;   /* the log callback checks its levels against it */
     int bound;       /* model slot compiled on it, or -1 */
@@ -124,6 +125,7 @@ typedef struct hmodel {
      * neither: such a model trains on. */
     int nf_params, nf_state;
     int64_t stats_steps;
+    size_t last_peak;  /* device_peak_bytes last seen since compile or reset */
     int ep_known, ep_batch, ep_shuffle;  /* the epoch in progress */
     size_t ep_samples;
     int zombie;       /* freed from a callback of its running call */
@@ -180,6 +182,9 @@ static run_ctx *runs[8];
 static int n_runs;
 static int cb_depth;
 static char dir[64], paths[NF][96];
+/* A directory (no file can be written there) and a symbolic link to the
+ * last checkpoint file, which a save writes through (castor.h). */
+static char subdir[96], link_path[96];
 static const int slot_ids[NM] = {0, 1, 2};
 
 static int model_busy(int m)
@@ -336,6 +341,7 @@ static void model_detached(hmodel *M)
 {
     M->compiled = 0;
     M->stats_steps = 0;
+    M->last_peak = 0;
 }
 
 /* The model's training position. */
@@ -369,9 +375,22 @@ static void check_stats(hmodel *M)
     CHECK(st.steps == steps, "run_stats.steps %lld, steps taken %lld", (long long)st.steps,
           (long long)steps);
     CHECK(st.seconds_total >= 0 && st.seconds_replicas >= 0, "run_stats seconds");
-    CHECK(st.host_bytes >= M->n_params * sizeof(float), "host_bytes %zu", st.host_bytes);
+    /* castor.h: the variables and the optimizer state at least. */
+    size_t slots = M->slots > 0 ? (size_t)M->slots : 0;
+    CHECK(st.host_bytes >= M->n_params * sizeof(float) * (1 + slots), "host_bytes %zu",
+          st.host_bytes);
     CHECK(st.device_peak_bytes == castor_model_device_peak_bytes(M->h), "peaks");
+    CHECK(st.device_peak_bytes >= M->last_peak, "device_peak_bytes fell from %zu to %zu",
+          M->last_peak, st.device_peak_bytes);
+    M->last_peak = st.device_peak_bytes;
+    /* Only the steps' traffic is counted (castor.h): none without a step, and
+     * every step uploads its batch and reads results back. */
+    CHECK(steps ? st.bytes_h2d > 0 && st.bytes_d2h > 0 : st.bytes_h2d == 0 && st.bytes_d2h == 0,
+          "%lld steps moved %llu bytes up, %llu down", (long long)steps,
+          (unsigned long long)st.bytes_h2d, (unsigned long long)st.bytes_d2h);
     const hstrat *S = &strats[M->strat];
+    CHECK(S->kind != CASTOR_STRATEGY_CENTRAL || st.seconds_reduce == 0,
+          "central's seconds_reduce %g", st.seconds_reduce);
     size_t budget = S->budget ? S->budget : (size_t)1 << 30;
     CHECK(st.device_peak_bytes <= budget, "peak %zu over the budget %zu", st.device_peak_bytes,
           budget);
@@ -442,14 +461,15 @@ static int progress_fn(void *user, const castor_progress *p)
           (long long)castor_model_epoch(M->h), (long long)castor_model_step_in_epoch(M->h),
           p->epoch, (long long)p->step_in_epoch);
     CHECK(p->epoch_end || p->step_in_epoch < p->steps_per_epoch, "epoch_end not said");
-    CHECK(rc->xent ? p->accuracy >= 0 && p->accuracy <= 1 : isnan(p->accuracy), "accuracy %g",
-          p->accuracy);
+    CHECK(rc->xent < 0 || (rc->xent ? p->accuracy >= 0 && p->accuracy <= 1 : isnan(p->accuracy)),
+          "accuracy %g", p->accuracy);
     CHECK(!(M->sane && !isfinite(p->loss)), "loss %g", p->loss);
     CHECK(p->seconds >= 0, "seconds");
     if (!p->epoch_end || !rc->has_val)
         CHECK(isnan(p->val_loss) && isnan(p->val_accuracy), "val_* without a validation");
     else
-        CHECK(rc->xent ? p->val_accuracy >= 0 && p->val_accuracy <= 1 : isnan(p->val_accuracy),
+        CHECK(rc->xent < 0 || (rc->xent ? p->val_accuracy >= 0 && p->val_accuracy <= 1
+                                        : isnan(p->val_accuracy)),
               "val_accuracy %g", p->val_accuracy);
     int stop = callback_body();
     rc->stopped |= stop;
@@ -579,6 +599,7 @@ static void op_strategy_create(void)
     if (S->ok) {
         CHECK(S->replicas == DEVICES[di].replicas, "%s: %d replicas", devices, S->replicas);
         CHECK((int)castor_strategy_get_kind(S->h) == kind, "kind");
+        S->kind = kind;
     } else {
         CHECK(S->replicas == 0, "a failed strategy has %d replicas", S->replicas);
     }
@@ -870,6 +891,7 @@ static void op_compile(void)
     M->sane = opt_sane(&opt);
     M->nf_params = M->nf_state = 0;
     M->stats_steps = 0;
+    M->last_peak = 0;
     M->ep_known = 1;
     M->ep_batch = 0;
     M->ep_samples = 0;
@@ -1128,7 +1150,7 @@ static void op_fit(void)
     }
     rc.step0 = p0.step;
     rc.epoch0 = p0.epoch;
-    rc.xent = M->loss == CASTOR_LOSS_SOFTMAX_XENT;
+    rc.xent = M->unknown ? -1 : M->loss == CASTOR_LOSS_SOFTMAX_XENT;  /* -1: unknown */
     rc.has_val = v >= 0;
     rc.spe = o.batch_size > 0 ? (int64_t)((n + (size_t)o.batch_size - 1) / (size_t)o.batch_size)
                               : 0;
@@ -1188,7 +1210,8 @@ static void op_fit(void)
               "last_epoch of a fit that ended no epoch");
     else
         CHECK(last.samples > 0 && last.samples <= n &&
-                  (rc.xent ? last.accuracy >= 0 && last.accuracy <= 1 : isnan(last.accuracy)),
+                  (rc.xent < 0 ||
+                   (rc.xent ? last.accuracy >= 0 && last.accuracy <= 1 : isnan(last.accuracy))),
               "last_epoch {%g, %g, %zu}", last.loss, last.accuracy, last.samples);
     check_finite(M, "fit");
     check_stats(M);
@@ -1235,7 +1258,7 @@ static void check_evaluation(hmodel *M, int m, const hdata *D, const castor_metr
             sum += exp((double)z[j] - mx);
             ties += j != best && z[j] == z[best];
         }
-        loss += mx + log(sum) - (double)z[D->label[i]];
+        loss += log(sum) + (mx - (double)z[D->label[i]]);  /* exact for huge equal logits */
         correct += best == D->label[i];
     }
     loss /= (double)D->n;
@@ -1288,8 +1311,9 @@ static void op_evaluate(void)
     CHECK(!rc.stopped, "evaluate went on after its stop check said stop");
     const hdata *D = &datas[d];
     CHECK(out.samples == D->n, "evaluated %zu of %zu", out.samples, D->n);
-    CHECK(M->loss == CASTOR_LOSS_SOFTMAX_XENT ? out.accuracy >= 0 && out.accuracy <= 1
-                                                : isnan(out.accuracy),
+    CHECK(M->unknown || (M->loss == CASTOR_LOSS_SOFTMAX_XENT
+                             ? out.accuracy >= 0 && out.accuracy <= 1
+                             : isnan(out.accuracy)),
           "accuracy %g", out.accuracy);
     CHECK(!M->sane || (isfinite(out.loss) && out.loss >= 0), "loss %g", out.loss);
     if (M->stop_check)
@@ -1458,6 +1482,11 @@ static void op_stats(void)
         /* Not from a callback: castor.h lets those read the model only. */
         castor_model_reset_run_stats(M->h);
         M->stats_steps = 0;
+        M->last_peak = 0;
+        /* The count starts again from what the replicas hold: the variables. */
+        if (M->compiled)
+            CHECK(castor_model_device_peak_bytes(M->h) >= M->n_params * sizeof(float),
+                  "peak %zu after a reset", castor_model_device_peak_bytes(M->h));
     }
     if (b & 4) {
         int finite = 7;
@@ -1583,7 +1612,7 @@ static const char *bad_path(unsigned b)
     case 1:
         return "";
     case 2:
-        return dir;
+        return subdir;
     default:
         snprintf(missing, sizeof missing, "%s/no-such-dir/x.safetensors", dir);
         return missing;
@@ -1599,7 +1628,8 @@ static void op_save(void)
     int f = pick(NF);
     unsigned b = u8();
     int bad = (b & 0xf0) == 0xf0;
-    const char *path = bad ? bad_path(b) : paths[f];
+    const char *path = bad ? bad_path(b) : (b & 0x0c) == 0x0c && f == NF - 1 ? link_path
+                                                                               : paths[f];
     float *params = M->compiled ? get_params(M) : NULL;
     int finite = 1;
     if (M->compiled)
@@ -1609,6 +1639,8 @@ static void op_save(void)
                     : bad ? B(CASTOR_IO) : B(CASTOR_OK);
     int rc = castor_model_save(M->h, path);
     expect(rc, want, "save", mmsg(M));
+    struct stat st;
+    CHECK(lstat(link_path, &st) == 0 && S_ISLNK(st.st_mode), "the link is gone");
     if (rc != CASTOR_OK) {
         free(params);
         return;
@@ -1712,7 +1744,8 @@ static void op_load(void)
     int f = pick(NF);
     unsigned b = u8();
     int bad = (b & 0xf0) == 0xf0;
-    const char *path = bad ? bad_path(b) : paths[f];
+    const char *path = bad ? bad_path(b) : (b & 0x0c) == 0x0c && f == NF - 1 ? link_path
+                                                                               : paths[f];
     int damage = bad ? -1 : file_damage(f);
     const hfile *F = &files[f];
     float *before = M->compiled ? get_params(M) : NULL;
@@ -1774,7 +1807,8 @@ static void op_open(void)
         return;
     hstrat *S = s < NS && strats[s].h ? &strats[s] : NULL;
     int bad = (b & 0xf0) == 0xf0;
-    const char *path = bad ? bad_path(b) : paths[f];
+    const char *path = bad ? bad_path(b) : (b & 0x0c) == 0x0c && f == NF - 1 ? link_path
+                                                                               : paths[f];
     int damage = bad ? -1 : file_damage(f);
     const hfile *F = &files[f];
     /* What the file says, then what the strategy does; castor.h leaves
@@ -2155,6 +2189,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         abort();
     for (int f = 0; f < NF; f++)
         snprintf(paths[f], sizeof paths[f], "%s/ck%d.safetensors", dir, f);
+    snprintf(subdir, sizeof subdir, "%s/sub", dir);
+    snprintf(link_path, sizeof link_path, "%s/link.safetensors", dir);
+    if (mkdir(subdir, 0700) || symlink(strrchr(paths[NF - 1], '/') + 1, link_path))
+        abort();
     static_checks();
     return 0;
 }
@@ -2170,7 +2208,8 @@ static void check_dir(void)
     while ((e = readdir(dp))) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
             continue;
-        int ours = 0;
+        int ours = strcmp(e->d_name, strrchr(subdir, '/') + 1) == 0 ||
+                   strcmp(e->d_name, strrchr(link_path, '/') + 1) == 0;
         for (int f = 0; f < NF; f++)
             ours |= strcmp(e->d_name, strrchr(paths[f], '/') + 1) == 0;
         CHECK(ours, "%s left in the checkpoint directory", e->d_name);
