@@ -1575,7 +1575,8 @@ static unsigned char *read_all(const char *path, size_t *len)
 }
 
 /* How the file differs from what castor wrote there: 0 the same, 1 shorter,
- * 2 a byte of the data section changed, 3 of the header only; -1 unknown. */
+ * 2 a byte of the data section changed, 3 a byte of the header changed;
+ * -1 unknown. */
 static int file_damage(int f)
 {
     const hfile *F = &files[f];
@@ -1585,22 +1586,19 @@ static int file_damage(int f)
     unsigned char *now = read_all(paths[f], &len);
     if (!now)
         return -1;
-    int damage = 0;
-    if (len < F->len)
-        damage = 1;
-    else if (len > F->len)
-        damage = -1;
-    else
-        for (size_t i = 0; i < len; i++)
-            if (now[i] != F->bytes[i]) {
-                if (i >= F->header_end) {
-                    damage = 2;
-                    break;
-                }
-                damage = 3;
-            }
+    /* A changed header may say anything (other tensor names, another CRC):
+     * it decides, whatever else changed too. */
+    int header = 0, data = 0;
+    size_t common = len < F->len ? len : F->len;
+    for (size_t i = 0; i < common; i++)
+        if (now[i] != F->bytes[i])
+            *(i < F->header_end ? &header : &data) = 1;
     free(now);
-    return damage;
+    if (header)
+        return 3;
+    if (len != F->len)
+        return len < F->len ? 1 : -1;
+    return data ? 2 : 0;
 }
 
 static const char *bad_path(unsigned b)
