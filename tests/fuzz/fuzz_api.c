@@ -1161,7 +1161,7 @@ static void op_fit(void)
     run_pop(&rc, status);
     if (!models[m].h || rc.freed)
         return;  /* freed, or detached, from its callbacks: checked by run_pop */
-    unsigned allowed = want ? want : B(CASTOR_OK) | maybe;
+    unsigned allowed = (want ? want : B(CASTOR_OK)) | maybe;
     if (rc.stopped)
         allowed |= B(CASTOR_INTERRUPTED);
     if (M->compiled && small_budget(M->strat))
