@@ -2174,13 +2174,11 @@ static void static_checks(void)
     castor_dataset_free(NULL);
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
+/* A directory of its own for each input, made as it starts and removed
+ * as it ends (libFuzzer leaves with _Exit: no atexit would remove one kept
+ * for the process; after a crash it stays, to tell why). */
+static void make_dir(void)
 {
-    (void)argc;
-    (void)argv;
-    setenv("OPENBLAS_NUM_THREADS", "1", 1);
-    trace = getenv("FUZZ_API_TRACE") != NULL;
-    openblas_set_num_threads(1);
     const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
     snprintf(dir, sizeof dir, "%s/castor-fuzz-api-XXXXXX", base);
     if (!mkdtemp(dir))
@@ -2191,6 +2189,23 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     snprintf(link_path, sizeof link_path, "%s/link.safetensors", dir);
     if (mkdir(subdir, 0700) || symlink(strrchr(paths[NF - 1], '/') + 1, link_path))
         abort();
+}
+
+static void remove_dir(void)
+{
+    for (int f = 0; f < NF; f++)
+        unlink(paths[f]);
+    unlink(link_path);
+    CHECK(rmdir(subdir) == 0 && rmdir(dir) == 0, "%s is not empty", dir);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    trace = getenv("FUZZ_API_TRACE") != NULL;
+    openblas_set_num_threads(1);
     static_checks();
     return 0;
 }
@@ -2220,6 +2235,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     in_p = data;
     in_n = size;
     in_i = 0;
+    make_dir();
     for (int s = 0; s < NS; s++)
         strats[s].bound = -1;
     unsigned order = u8();
@@ -2242,10 +2258,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 data_free(d);
         }
     }
-    for (int f = 0; f < NF; f++) {
+    for (int f = 0; f < NF; f++)
         file_forget(f);
-        unlink(paths[f]);
-    }
     check_dir();
+    remove_dir();
     return 0;
 }
