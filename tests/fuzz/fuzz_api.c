@@ -100,6 +100,15 @@ static float unit(void)
 
 /* ---- the harness's account of the handles ------------------------------ */
 
+/* The epoch a model has left part-way, as far as the harness knows it: what
+ * a fit that goes on with it must give again (castor.h), and what a save
+ * carries to a load. */
+typedef struct epoch_state {
+    int known;      /* 0: a load or open of a file of unknown making */
+    int batch, shuffle;
+    size_t samples; /* 0: not yet one */
+} epoch_state;
+
 typedef struct hstrat {
     castor_strategy *h;
     int ok;          /* created */
@@ -126,8 +135,7 @@ typedef struct hmodel {
     int nf_params, nf_state;
     int64_t stats_steps;
     size_t last_peak;  /* device_peak_bytes last seen since compile or reset */
-    int ep_known, ep_batch, ep_shuffle;  /* the epoch in progress */
-    size_t ep_samples;
+    epoch_state ep;   /* the epoch in progress */
     int zombie;       /* freed from a callback of its running call */
     int unknown;      /* opened from a damaged file: loss and optimizer unknown */
     int stop_check;   /* the harness's stop check is set */
@@ -153,8 +161,7 @@ typedef struct hfile {
     size_t n_params;
     float lr;
     int64_t step, epoch, step_in_epoch;
-    int ep_known, ep_batch, ep_shuffle;
-    size_t ep_samples;
+    epoch_state ep;
 } hfile;
 
 /* A call of fit, evaluate or predict that is running (its callbacks are). */
@@ -193,6 +200,15 @@ static int model_busy(int m)
         if (runs[i]->model == m)
             return 1;
     return 0;
+}
+
+/* A model or its strategy freed from a callback: its running calls stop
+ * (castor.h), and run_pop checks that they say so. */
+static void runs_freed(int m)
+{
+    for (int i = 0; i < n_runs; i++)
+        if (runs[i]->model == m)
+            runs[i]->freed = 1;
 }
 
 static int strat_busy(int s)
@@ -293,6 +309,15 @@ static float *get_params(hmodel *M)
     int rc = castor_model_get_params(M->h, p, M->n_params);
     expect(rc, B(CASTOR_OK), "get_params", mmsg(M));
     return p;
+}
+
+/* castor.h: a call that fails leaves the model as it was. */
+static void check_params_unchanged(hmodel *M, const float *before, size_t count,
+                                   const char *what)
+{
+    float *after = get_params(M);
+    CHECK(memcmp(before, after, count * sizeof *after) == 0, "%s changed the variables", what);
+    free(after);
 }
 
 /* The optimizer's values that compile accepts, as castor.h lists them. */
@@ -492,6 +517,19 @@ static int stop_fn(void *user)
     return stop;
 }
 
+/* The statuses a running call may return: the refusals `want` (none:
+ * CASTOR_OK); stopped by a callback or stop check, CASTOR_INTERRUPTED; on a
+ * small device budget, CASTOR_DEVICE_MEMORY. */
+static unsigned run_allowed(const hmodel *M, const run_ctx *rc, unsigned want)
+{
+    unsigned allowed = want ? want : B(CASTOR_OK);
+    if (rc->stopped)
+        allowed |= B(CASTOR_INTERRUPTED);
+    if (M->compiled && small_budget(M->strat))
+        allowed |= B(CASTOR_DEVICE_MEMORY);
+    return allowed;
+}
+
 static void run_push(run_ctx *rc)
 {
     if (n_runs == (int)(sizeof runs / sizeof *runs))
@@ -524,9 +562,7 @@ static void strat_free(int s)
     if (S->bound >= 0) {
         hmodel *M = &models[S->bound];
         model_detached(M);
-        for (int i = 0; i < n_runs; i++)
-            if (runs[i]->model == S->bound)
-                runs[i]->freed = 1;
+        runs_freed(S->bound);
         if (!M->zombie) {
             /* castor.h: detached, it is not compiled (rate 0) and refuses
              * parameters. */
@@ -624,9 +660,7 @@ static void model_free(int m)
         /* Freed as its running call returns (castor.h). */
         castor_model_free(M->h);
         M->zombie = 1;
-        for (int i = 0; i < n_runs; i++)
-            if (runs[i]->model == m)
-                runs[i]->freed = 1;
+        runs_freed(m);
         return;
     }
     if (M->compiled && strats[M->strat].bound == m)
@@ -682,6 +716,14 @@ static hmodel *some_model(int *slot)
     return M->h && !M->zombie ? M : NULL;
 }
 
+/* As some_model, but not one handed out by a failed open, which takes
+ * castor_model_errmsg and castor_model_free only. */
+static hmodel *some_model_to_call(int *slot)
+{
+    hmodel *M = some_model(slot);
+    return M && !M->open_failed ? M : NULL;
+}
+
 /* A strategy slot, or NS (NULL); with the byte's top bit, the first from
  * there that is free for a model. */
 static int some_strategy(void)
@@ -701,8 +743,8 @@ static int some_strategy(void)
 static void op_add_dense(void)
 {
     int m;
-    hmodel *M = some_model(&m);
-    if (!M || M->open_failed || (model_busy(m) && !M->compiled))
+    hmodel *M = some_model_to_call(&m);
+    if (!M || (model_busy(m) && !M->compiled))
         return;
     unsigned b = u8();
     int units = (int)(b % MAX_U) + 1;
@@ -761,8 +803,8 @@ static void make_spec(char *spec, size_t size, int *valid, int *layers)
 static void op_add_layers(void)
 {
     int m;
-    hmodel *M = some_model(&m);
-    if (!M || M->open_failed || (model_busy(m) && !M->compiled))
+    hmodel *M = some_model_to_call(&m);
+    if (!M || (model_busy(m) && !M->compiled))
         return;
     char spec[256];
     int valid, layers;
@@ -849,8 +891,8 @@ static void check_initial_params(hmodel *M)
 static void op_compile(void)
 {
     int m;
-    hmodel *M = some_model(&m);
-    if (!M || M->open_failed)
+    hmodel *M = some_model_to_call(&m);
+    if (!M)
         return;
     int s = some_strategy();
     hstrat *S = s < NS && strats[s].h ? &strats[s] : NULL;
@@ -892,10 +934,7 @@ static void op_compile(void)
     M->nf_params = M->nf_state = 0;
     M->stats_steps = 0;
     M->last_peak = 0;
-    M->ep_known = 1;
-    M->ep_batch = 0;
-    M->ep_samples = 0;
-    M->ep_shuffle = 0;
+    M->ep = (epoch_state){.known = 1};
     position p = position_of(M);
     CHECK(p.step == 0 && p.epoch == 0 && p.sie == 0, "a new compile starts at step 0");
     CHECK(p.lr == opt.learning_rate, "learning_rate %g, compiled with %g", (double)p.lr,
@@ -1093,8 +1132,8 @@ static int some_data(const hmodel *M)
 static void op_fit(void)
 {
     int m;
-    hmodel *M = some_model(&m);
-    if (!M || M->open_failed)
+    hmodel *M = some_model_to_call(&m);
+    if (!M)
         return;
     int d = some_data(M);
     castor_fit_options o = CASTOR_FIT_OPTIONS_INIT;
@@ -1136,10 +1175,10 @@ static void op_fit(void)
             want |= data_refusal(M, v);
         if (p0.sie > 0 && n && o.batch_size > 0) {
             int64_t spe = (int64_t)((n + (size_t)o.batch_size - 1) / (size_t)o.batch_size);
-            if (!M->ep_known)
+            if (!M->ep.known)
                 maybe |= B(CASTOR_MISMATCH);
-            else if (o.batch_size != M->ep_batch ||
-                     (M->ep_samples && M->ep_samples != n) || M->ep_shuffle != !!o.shuffle ||
+            else if (o.batch_size != M->ep.batch ||
+                     (M->ep.samples && M->ep.samples != n) || M->ep.shuffle != !!o.shuffle ||
                      p0.sie >= spe)
                 want |= B(CASTOR_MISMATCH);
         }
@@ -1161,12 +1200,7 @@ static void op_fit(void)
     run_pop(&rc, status);
     if (!models[m].h || rc.freed)
         return;  /* freed, or detached, from its callbacks: checked by run_pop */
-    unsigned allowed = (want ? want : B(CASTOR_OK)) | maybe;
-    if (rc.stopped)
-        allowed |= B(CASTOR_INTERRUPTED);
-    if (M->compiled && small_budget(M->strat))
-        allowed |= B(CASTOR_DEVICE_MEMORY);
-    expect(status, allowed, "fit", mmsg(M));
+    expect(status, run_allowed(M, &rc, want) | maybe, "fit", mmsg(M));
     position p1 = position_of(M);
     int64_t steps = p1.step - p0.step;
     if (status != CASTOR_OK && status != CASTOR_INTERRUPTED) {
@@ -1175,12 +1209,9 @@ static void op_fit(void)
         return;
     }
     M->stats_steps += steps;
-    if (p1.sie > 0 && steps > 0) {
-        M->ep_known = 1;
-        M->ep_batch = o.batch_size;
-        M->ep_samples = n;
-        M->ep_shuffle = !!o.shuffle;
-    }
+    if (p1.sie > 0 && steps > 0)
+        M->ep = (epoch_state){.known = 1, .batch = o.batch_size, .shuffle = !!o.shuffle,
+                              .samples = n};
     int64_t spe = rc.spe;
     int64_t full = (spe - p0.sie) + (int64_t)(o.epochs - 1) * spe;
     if (status == CASTOR_OK) {
@@ -1215,6 +1246,19 @@ static void op_fit(void)
               "last_epoch {%g, %g, %zu}", last.loss, last.accuracy, last.samples);
     check_finite(M, "fit");
     check_stats(M);
+}
+
+/* A batch size for evaluate or predict: mostly good, some refused. */
+static int pick_batch(void)
+{
+    static const int batches[] = {1, 2, 3, 4, 32, 0, -1, INT_MAX};
+    return batches[pick(8)];
+}
+
+/* castor.h: a batch of no samples, or fewer than the replicas, is refused. */
+static int batch_refused(const hmodel *M, int batch)
+{
+    return batch <= 0 || batch < strats[M->strat].replicas;
 }
 
 /* evaluate's loss and accuracy against predict's outputs for the same
@@ -1275,18 +1319,17 @@ static void check_evaluation(hmodel *M, int m, const hdata *D, const castor_metr
 static void op_evaluate(void)
 {
     int m;
-    hmodel *M = some_model(&m);
-    if (!M || M->open_failed)
+    hmodel *M = some_model_to_call(&m);
+    if (!M)
         return;
     int d = some_data(M);
-    static const int batches[] = {1, 2, 3, 4, 32, 0, -1, INT_MAX};
-    int batch = batches[pick(8)];
+    int batch = pick_batch();
     unsigned want = 0;
     if (!M->compiled || model_busy(m) || d < 0)
         want |= B(CASTOR_MISUSE);
     if (M->compiled) {
         want |= data_refusal(M, d);
-        if (batch <= 0 || batch < strats[M->strat].replicas)
+        if (batch_refused(M, batch))
             want |= B(CASTOR_INVALID);
     }
     if (M->unknown)
@@ -1298,12 +1341,7 @@ static void op_evaluate(void)
     run_pop(&rc, status);
     if (!models[m].h || rc.freed)
         return;
-    unsigned allowed = want ? want : B(CASTOR_OK);
-    if (rc.stopped)
-        allowed |= B(CASTOR_INTERRUPTED);
-    if (M->compiled && small_budget(M->strat))
-        allowed |= B(CASTOR_DEVICE_MEMORY);
-    expect(status, allowed, "evaluate", mmsg(M));
+    expect(status, run_allowed(M, &rc, want), "evaluate", mmsg(M));
     if (status != CASTOR_OK) {
         CHECK(out.loss == 7 && out.accuracy == 7 && out.samples == 7, "a failed evaluate's out");
         return;
@@ -1325,13 +1363,12 @@ static void op_evaluate(void)
 static void op_predict(void)
 {
     int m;
-    hmodel *M = some_model(&m);
-    if (!M || M->open_failed || M->features <= 0 || M->features > MAX_F ||
+    hmodel *M = some_model_to_call(&m);
+    if (!M || M->features <= 0 || M->features > MAX_F ||
         out_units(M) > MAX_U)
         return;
     size_t n = (size_t)pick(MAX_N + 1);
-    static const int batches[] = {1, 2, 3, 4, 32, 0, -1, INT_MAX};
-    int batch = batches[pick(8)];
+    int batch = pick_batch();
     unsigned nulls = u8();
     float x[MAX_N * MAX_F + 1];
     size_t outs = (size_t)(out_units(M) > 0 ? out_units(M) : 1);
@@ -1344,7 +1381,7 @@ static void op_predict(void)
     unsigned want = 0;
     if (!M->compiled || model_busy(m) || null_x || null_out)
         want |= B(CASTOR_MISUSE);
-    if (M->compiled && (batch <= 0 || batch < strats[M->strat].replicas))
+    if (M->compiled && batch_refused(M, batch))
         want |= B(CASTOR_INVALID);
     run_ctx rc = {.model = m, .train = -1, .val = -1};
     run_push(&rc);
@@ -1352,12 +1389,7 @@ static void op_predict(void)
     run_pop(&rc, status);
     if (!models[m].h || rc.freed)
         return;
-    unsigned allowed = want ? want : B(CASTOR_OK);
-    if (rc.stopped)
-        allowed |= B(CASTOR_INTERRUPTED);
-    if (M->compiled && small_budget(M->strat))
-        allowed |= B(CASTOR_DEVICE_MEMORY);
-    expect(status, allowed, "predict", mmsg(M));
+    expect(status, run_allowed(M, &rc, want), "predict", mmsg(M));
     CHECK(!(rc.stopped && status == CASTOR_OK), "predict went on after a stop");
     CHECK(out[n * outs] == -7777.0f, "predict wrote past its n x outputs");
     /* castor.h: stopped, out holds the batches done before the stop. */
@@ -1397,8 +1429,8 @@ static void op_predict(void)
 static void op_params(void)
 {
     int m;
-    hmodel *M = some_model(&m);
-    if (!M || M->open_failed)
+    hmodel *M = some_model_to_call(&m);
+    if (!M)
         return;
     unsigned how = u8();
     size_t count = M->n_params;
@@ -1441,10 +1473,7 @@ static void op_params(void)
             M->sane = 0;
         M->nf_params = 0;
     } else if (before) {
-        float *after = get_params(M);
-        CHECK(memcmp(before, after, count * sizeof *after) == 0, "a failed set_params changed "
-              "the variables");
-        free(after);
+        check_params_unchanged(M, before, count, "a failed set_params");
     }
     free(before);
     free(src);
@@ -1454,8 +1483,8 @@ static void op_params(void)
 static void op_learning_rate(void)
 {
     int m;
-    hmodel *M = some_model(&m);
-    if (!M || M->open_failed)
+    hmodel *M = some_model_to_call(&m);
+    if (!M)
         return;
     float lr = PICKF(LRS);
     float lr0 = castor_model_learning_rate(M->h);
@@ -1474,8 +1503,8 @@ static void op_learning_rate(void)
 static void op_stats(void)
 {
     int m;
-    hmodel *M = some_model(&m);
-    if (!M || M->open_failed)
+    hmodel *M = some_model_to_call(&m);
+    if (!M)
         return;
     unsigned b = u8();
     if ((b & 3) == 3 && !model_busy(m)) {
@@ -1505,8 +1534,8 @@ static void op_stats(void)
 static void op_stop_check(void)
 {
     int m;
-    hmodel *M = some_model(&m);
-    if (!M || M->open_failed || model_busy(m))
+    hmodel *M = some_model_to_call(&m);
+    if (!M || model_busy(m))
         return;  /* from its own callback castor.h does not say */
     int on = (int)(u8() & 1);
     int rc = castor_model_set_stop_check(M->h, on ? stop_fn : NULL, (void *)&slot_ids[m]);
@@ -1617,18 +1646,47 @@ static const char *bad_path(unsigned b)
     }
 }
 
+/* The path a save, load or open is given and the file it names: mostly
+ * checkpoint file f itself, or the last one through its link; with a byte's
+ * top four bits, a bad path (*bad). */
+static const char *pick_path(int *f, int *bad)
+{
+    *f = pick(NF);
+    unsigned b = u8();
+    *bad = (b & 0xf0) == 0xf0;
+    if (*bad)
+        return bad_path(b);
+    return (b & 0x0c) == 0x0c && *f == NF - 1 ? link_path : paths[*f];
+}
+
+/* What a save or load is called with: a model that takes calls, a path
+ * (pick_path), and a compiled model's variables as they were before. */
+typedef struct checkpoint_call {
+    int m, f, bad;
+    hmodel *M;
+    const char *path;
+    float *params;  /* NULL when not compiled; the caller frees it */
+} checkpoint_call;
+
+static int pick_checkpoint_call(checkpoint_call *c)
+{
+    c->M = some_model_to_call(&c->m);
+    if (!c->M)
+        return 0;
+    c->path = pick_path(&c->f, &c->bad);
+    c->params = c->M->compiled ? get_params(c->M) : NULL;
+    return 1;
+}
+
 static void op_save(void)
 {
-    int m;
-    hmodel *M = some_model(&m);
-    if (!M || M->open_failed)
+    checkpoint_call c;
+    if (!pick_checkpoint_call(&c))
         return;
-    int f = pick(NF);
-    unsigned b = u8();
-    int bad = (b & 0xf0) == 0xf0;
-    const char *path = bad ? bad_path(b) : (b & 0x0c) == 0x0c && f == NF - 1 ? link_path
-                                                                               : paths[f];
-    float *params = M->compiled ? get_params(M) : NULL;
+    hmodel *M = c.M;
+    int f = c.f, bad = c.bad;
+    const char *path = c.path;
+    float *params = c.params;
     int finite = 1;
     if (M->compiled)
         expect(castor_model_all_finite(M->h, &finite), B(CASTOR_OK), "all_finite", mmsg(M));
@@ -1667,10 +1725,7 @@ static void op_save(void)
     F->step = p.step;
     F->epoch = p.epoch;
     F->step_in_epoch = p.sie;
-    F->ep_known = M->ep_known;
-    F->ep_batch = M->ep_batch;
-    F->ep_shuffle = M->ep_shuffle;
-    F->ep_samples = M->ep_samples;
+    F->ep = M->ep;
 }
 
 static void op_damage(void)
@@ -1727,62 +1782,70 @@ static void check_loaded(hmodel *M, const hfile *F, const char *what)
     for (size_t i = 0; i < F->n_params; i++)
         M->nf_params |= !isfinite(F->params[i]);
     M->nf_state = F->all_finite ? 0 : M->nf_params ? -1 : 1;
-    M->ep_known = F->ep_known;
-    M->ep_batch = F->ep_batch;
-    M->ep_shuffle = F->ep_shuffle;
-    M->ep_samples = F->ep_samples;
+    M->ep = F->ep;
+}
+
+/* What a load or open may return of the file at path (file_damage's
+ * `damage`), when nothing else refuses it: 0 for one castor wrote and
+ * nobody changed. A shorter file or a changed data section is refused as
+ * CASTOR_FORMAT, or as `damaged` (the call's own word for it); a changed
+ * header may say anything but that the call is misused. */
+static unsigned file_refusal(const char *path, int bad, int damage, unsigned damaged)
+{
+    if (bad)
+        return B(CASTOR_IO) | B(CASTOR_FORMAT);
+    if (damage < 0)  /* no file, or one of unknown making */
+        return access(path, F_OK) != 0 ? B(CASTOR_IO) : ~0u;
+    if (damage == 1 || damage == 2)
+        return B(CASTOR_FORMAT) | damaged;
+    if (damage == 3)
+        return ~0u & ~B(CASTOR_MISUSE);
+    return 0;
+}
+
+/* A load or open of a file of unknown making: what the model holds is not
+ * known, only what castor.h lets one ask it. */
+static void model_of_unknown_making(hmodel *M)
+{
+    M->sane = 0;
+    M->nf_params = M->nf_state = -1;
+    M->ep.known = 0;
 }
 
 static void op_load(void)
 {
-    int m;
-    hmodel *M = some_model(&m);
-    if (!M || M->open_failed)
+    checkpoint_call c;
+    if (!pick_checkpoint_call(&c))
         return;
-    int f = pick(NF);
-    unsigned b = u8();
-    int bad = (b & 0xf0) == 0xf0;
-    const char *path = bad ? bad_path(b) : (b & 0x0c) == 0x0c && f == NF - 1 ? link_path
-                                                                               : paths[f];
-    int damage = bad ? -1 : file_damage(f);
-    const hfile *F = &files[f];
-    float *before = M->compiled ? get_params(M) : NULL;
+    int damage = c.bad ? -1 : file_damage(c.f);
+    const hfile *F = &files[c.f];
+    hmodel *M = c.M;
+    int m = c.m, bad = c.bad;
+    const char *path = c.path;
+    float *before = c.params;
     position p0 = position_of(M);
     unsigned want;
     if (!M->compiled || model_busy(m) || !path || !*path)
         want = B(CASTOR_MISUSE);
-    else if (bad)
-        want = B(CASTOR_IO) | B(CASTOR_FORMAT);
-    else if (damage < 0)
-        want = ~0u;  /* no file, or one of unknown making */
-    else if (damage == 1 || damage == 2)
-        want = B(CASTOR_FORMAT) | B(CASTOR_MISMATCH);
-    else if (damage == 3)
-        want = ~0u & ~B(CASTOR_MISUSE);
+    else if ((want = file_refusal(path, bad, damage, B(CASTOR_MISMATCH))) != 0)
+        ;
     else if (M->unknown || F->unknown)
         want = B(CASTOR_OK) | B(CASTOR_MISMATCH);
     else
         want = file_matches(M, F) ? B(CASTOR_OK) : B(CASTOR_MISMATCH);
-    if (damage < 0 && !bad && M->compiled && !model_busy(m) && access(path, F_OK) != 0)
-        want = B(CASTOR_IO);
     int rc = castor_model_load(M->h, path);
     expect(rc, want, "load", mmsg(M));
     if (rc == CASTOR_OK) {
         if (damage == 0) {
             check_loaded(M, F, "load");
         } else {
-            M->sane = 0;
-            M->nf_params = M->nf_state = -1;
-            M->ep_known = 0;
+            model_of_unknown_making(M);
             float lr = castor_model_learning_rate(M->h);
             CHECK(lr > 0 && isfinite(lr), "loaded learning rate %g", (double)lr);
         }
     } else if (before) {
         /* castor.h: on any error the model is unchanged. */
-        float *after = get_params(M);
-        CHECK(memcmp(before, after, M->n_params * sizeof *after) == 0,
-              "a failed load changed the variables");
-        free(after);
+        check_params_unchanged(M, before, M->n_params, "a failed load");
         position p1 = position_of(M);
         CHECK(p0.step == p1.step && p0.epoch == p1.epoch && p0.sie == p1.sie &&
                   p0.lr == p1.lr,
@@ -1798,15 +1861,12 @@ static void op_open(void)
 {
     int m = pick(NM);
     int s = some_strategy();
-    int f = pick(NF);
-    unsigned b = u8();
+    int f, bad;
+    const char *path = pick_path(&f, &bad);
     hmodel *M = fresh_model(m);
     if (!M)
         return;
     hstrat *S = s < NS && strats[s].h ? &strats[s] : NULL;
-    int bad = (b & 0xf0) == 0xf0;
-    const char *path = bad ? bad_path(b) : (b & 0x0c) == 0x0c && f == NF - 1 ? link_path
-                                                                               : paths[f];
     int damage = bad ? -1 : file_damage(f);
     const hfile *F = &files[f];
     /* What the file says, then what the strategy does; castor.h leaves
@@ -1815,15 +1875,7 @@ static void op_open(void)
     unsigned want;
     if (!path || !*path || !S)
         want = B(CASTOR_MISUSE);
-    else if (bad)
-        want = B(CASTOR_IO) | B(CASTOR_FORMAT);
-    else if (damage < 0)
-        want = access(path, F_OK) != 0 ? B(CASTOR_IO) : ~0u;
-    else if (damage == 1 || damage == 2)
-        want = B(CASTOR_FORMAT) | B(CASTOR_DEVICE_MEMORY);
-    else if (damage == 3)
-        want = ~0u & ~B(CASTOR_MISUSE);
-    else
+    else if ((want = file_refusal(path, bad, damage, B(CASTOR_DEVICE_MEMORY))) == 0)
         want = B(CASTOR_OK) | (small_budget(s) ? B(CASTOR_DEVICE_MEMORY) : 0);
     if (S && (!S->ok || S->bound >= 0))
         want = (want & ~B(CASTOR_OK) & ~B(CASTOR_DEVICE_MEMORY)) | B(CASTOR_MISUSE);
@@ -1855,10 +1907,7 @@ static void op_open(void)
         check_loaded(M, F, "open");
         check_stats(M);
     } else {
-        /* Of unknown making: what castor.h lets one ask the model. */
-        M->sane = 0;
-        M->nf_params = M->nf_state = -1;
-        M->ep_known = 0;
+        model_of_unknown_making(M);
         M->loss = -1;
         M->kind = -1;
         M->slots = -1;
