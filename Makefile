@@ -260,13 +260,18 @@ $(BUILD)/castor-tsan-tests: $(TSAN_TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/libca
 FUZZ_SECONDS ?= 60
 FUZZERS = idx safetensors checkpoint layers devices api
 FUZZ_BUILD = $(BUILD)/fuzz
+# A harness X is tests/fuzz/fuzz_X.c (its entry points) and, where a harness
+# is too big for one file, the files of tests/fuzz/X/ beside it.
 fuzz: deps-check
 	$(MAKE) --no-print-directory CC=clang BUILD=$(FUZZ_BUILD) NO_CUDA=1 OPT=-O1 \
 	    SANITIZE="-fsanitize=fuzzer-no-link,address,undefined" $(FUZZ_BUILD)/libcastor.a
 	@# Every harness runs even when one finds a crash; the target fails at the end.
 	@failed=""; for f in $(FUZZERS); do \
-	    clang -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -I. $(CJSON_CFLAGS) \
-	        tests/fuzz/fuzz_$$f.c $(FUZZ_BUILD)/libcastor.a $(LDLIBS) -o $(FUZZ_BUILD)/fuzz_$$f \
+	    src=tests/fuzz/fuzz_$$f.c; \
+	    if [ -d tests/fuzz/$$f ]; then src="$$src $$(echo tests/fuzz/$$f/*.c)"; fi; \
+	    clang -g -O1 -fsanitize=fuzzer,address,undefined -Wall -Wextra $(WERROR) \
+	        -Wmissing-prototypes -Iinclude -I. $(CJSON_CFLAGS) \
+	        $$src $(FUZZ_BUILD)/libcastor.a $(LDLIBS) -o $(FUZZ_BUILD)/fuzz_$$f \
 	        || exit 1; \
 	    rm -rf $(FUZZ_BUILD)/corpus_$$f; cp -r tests/fuzz/corpus/$$f $(FUZZ_BUILD)/corpus_$$f; \
 	    echo "fuzz_$$f: $(FUZZ_SECONDS) s"; \
