@@ -565,6 +565,26 @@ Test(numerics, a_nan_variable_shows_in_the_loss)
         }
 }
 
+/* Seed 9's data with inputs of 1e30: Adam's v overflows (g * g = inf) while
+ * its update, m / (sqrt(inf) + eps), is 0 and the variables stay finite. */
+static void make_overflowing_data(data *d)
+{
+    make_data(d, 9);
+    for (int i = 0; i < NS * NF; i++)
+        d->x[i] *= 1e30f;
+}
+
+/* NF -> 3, softmax cross-entropy, seed 5, compiled on s with opt (NULL:
+ * Adam's defaults). */
+static castor_model *compile_3(castor_strategy *s, const castor_optimizer *opt)
+{
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_create(&m, NF), CASTOR_OK);
+    cr_assert_eq(castor_model_add_layers(m, "3"), CASTOR_OK);
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, opt, 5), CASTOR_OK);
+    return m;
+}
+
 /* castor_model_all_finite sees a diverged optimizer state, not only a
  * diverged variable: inputs of 1e30 make Adam's v overflow (g * g = inf)
  * while its update, m / (sqrt(inf) + eps), is 0 and every variable stays
@@ -574,18 +594,13 @@ Test(numerics, a_nan_variable_shows_in_the_loss)
 Test(numerics, all_finite_sees_the_optimizer_state)
 {
     data d;
-    make_data(&d, 9);
-    for (int i = 0; i < NS * NF; i++)
-        d.x[i] *= 1e30f;
+    make_overflowing_data(&d);
     for (int k = 0; k < 2; k++) {
         const char *kind = castor_strategy_kind_name((castor_strategy_kind)k);
         castor_strategy *s = NULL;
         cr_assert_eq(castor_strategy_create(&s, (castor_strategy_kind)k, "cpu:2", NULL),
                      CASTOR_OK);
-        castor_model *m = NULL;
-        cr_assert_eq(castor_model_create(&m, NF), CASTOR_OK);
-        cr_assert_eq(castor_model_add_layers(m, "3"), CASTOR_OK);
-        cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 5), CASTOR_OK);
+        castor_model *m = compile_3(s, NULL);
         castor_dataset *ds = make_dataset(&d, CASTOR_LOSS_SOFTMAX_XENT);
         int finite = -1;
         cr_assert_eq(castor_model_all_finite(m, &finite), CASTOR_OK);
@@ -608,12 +623,9 @@ Test(numerics, all_finite_sees_the_optimizer_state)
         free(p);
         castor_model_free(m);
         /* SGD: the variables themselves. */
-        m = NULL;
-        cr_assert_eq(castor_model_create(&m, NF), CASTOR_OK);
-        cr_assert_eq(castor_model_add_layers(m, "3"), CASTOR_OK);
         castor_optimizer sgd = castor_optimizer_defaults(CASTOR_OPT_SGD);
         sgd.learning_rate = 1e30f;
-        cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, &sgd, 5), CASTOR_OK);
+        m = compile_3(s, &sgd);
         cr_assert_eq(castor_model_fit(m, ds, &fo, &met), CASTOR_OK);
         cr_assert_eq(castor_model_all_finite(m, &finite), CASTOR_OK);
         cr_assert_eq(finite, 0, "%s: SGD's step made the variables infinite, all_finite says "
@@ -635,18 +647,13 @@ Test(numerics, all_finite_sees_the_optimizer_state)
 Test(numerics, set_params_on_a_model_diverged_in_training_trains_on)
 {
     data d;
-    make_data(&d, 9);
-    for (int i = 0; i < NS * NF; i++)
-        d.x[i] *= 1e30f;  /* Adam's v overflows, the variables stay finite */
+    make_overflowing_data(&d);
     for (int k = 0; k < 2; k++) {
         const char *kind = castor_strategy_kind_name((castor_strategy_kind)k);
         castor_strategy *s = NULL;
         cr_assert_eq(castor_strategy_create(&s, (castor_strategy_kind)k, "cpu:2", NULL),
                      CASTOR_OK);
-        castor_model *m = NULL;
-        cr_assert_eq(castor_model_create(&m, NF), CASTOR_OK);
-        cr_assert_eq(castor_model_add_layers(m, "3"), CASTOR_OK);
-        cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 5), CASTOR_OK);
+        castor_model *m = compile_3(s, NULL);
         castor_dataset *ds = make_dataset(&d, CASTOR_LOSS_SOFTMAX_XENT);
         castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
         fo.batch_size = NS;
