@@ -606,3 +606,104 @@ Test(train, rows_near_int_max_grow_the_buffers_or_fail)
     castor_model_free(m);
     castor_strategy_free(s);
 }
+
+/* Labels one past the last layer's units are refused before any step: left
+ * to the device, which finds one only in the batch that holds it, the fit
+ * failed there after training on the batches before it. */
+Test(train, a_label_past_the_last_layer_is_refused_before_any_step)
+{
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu", NULL), CASTOR_OK);
+    castor_model *m = NULL;
+    castor_model_create(&m, F);
+    castor_model_add_layers(m, "4:relu,3");
+    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 1), CASTOR_OK);
+    castor_dataset *good = synthetic(3);
+    int32_t labels[N];
+    memcpy(labels, castor_dataset_labels(good), sizeof labels);
+    labels[N - 1] = C;  /* in the last batch only */
+    castor_dataset *ds = NULL;
+    cr_assert_eq(castor_dataset_from_memory(&ds, castor_dataset_x(good), N, F, labels, NULL, 0),
+                 CASTOR_OK);
+    size_t np = castor_model_num_params(m);
+    float *before = malloc(np * sizeof *before), *after = malloc(np * sizeof *after);
+    cr_assert(before && after);
+    cr_assert_eq(castor_model_get_params(m, before, np), CASTOR_OK);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.batch_size = 10;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_MISMATCH, "%s",
+                 castor_model_errmsg(m));
+    cr_assert(strstr(castor_model_errmsg(m), "labels go up to 3 but the last layer has 3 units"),
+              "%s", castor_model_errmsg(m));
+    cr_assert_eq(castor_model_step(m), 0);
+    cr_assert_eq(castor_model_get_params(m, after, np), CASTOR_OK);
+    cr_assert(memcmp(before, after, np * sizeof *before) == 0, "the variables were trained");
+    castor_metrics ev;
+    cr_assert_eq(castor_model_evaluate(m, ds, 10, &ev), CASTOR_MISMATCH, "%s",
+                 castor_model_errmsg(m));
+    free(before);
+    free(after);
+    castor_dataset_free(ds);
+    castor_dataset_free(good);
+    castor_model_free(m);
+    castor_strategy_free(s);
+}
+
+/* A model compiled with default SGD, seed 7, to train on synthetic data. */
+static castor_model *sgd_model(castor_strategy **s)
+{
+    cr_assert_eq(castor_strategy_create(s, CASTOR_STRATEGY_CENTRAL, "cpu", NULL), CASTOR_OK);
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_create(&m, F), CASTOR_OK);
+    cr_assert_eq(castor_model_add_layers(m, "4:relu,3"), CASTOR_OK);
+    cr_assert_eq(castor_model_compile(m, *s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 7), CASTOR_OK);
+    return m;
+}
+
+/* Epoch e is shuffled by castor__rng_seed(seed, CASTOR_RNG_SHUFFLE, e)
+ * (rng.h): two shuffled epochs train as two unshuffled ones on the data put
+ * in those orders. A shuffle seeded without the epoch gave every epoch the
+ * first one's order, and nothing else noticed. */
+Test(train, each_epoch_is_shuffled_by_its_own_stream)
+{
+    castor_dataset *ds = synthetic(5);
+    const float *x = castor_dataset_x(ds);
+    const int32_t *y = castor_dataset_labels(ds);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.batch_size = 10;
+    fo.epochs = 2;
+    castor_strategy *s1 = NULL, *s2 = NULL;
+    castor_model *shuffled = sgd_model(&s1), *ordered = sgd_model(&s2);
+    cr_assert_eq(castor_model_fit(shuffled, ds, &fo, NULL), CASTOR_OK);
+    fo.epochs = 1;
+    fo.shuffle = 0;
+    for (uint64_t e = 0; e < 2; e++) {
+        castor__rng rng;
+        castor__rng_seed(&rng, 7, CASTOR_RNG_SHUFFLE, e);
+        uint32_t perm[N];
+        castor__rng_permutation(&rng, perm, N);
+        float px[N * F];
+        int32_t py[N];
+        for (int i = 0; i < N; i++) {
+            memcpy(px + i * F, x + (size_t)perm[i] * F, F * sizeof *px);
+            py[i] = y[perm[i]];
+        }
+        castor_dataset *epoch = NULL;
+        cr_assert_eq(castor_dataset_from_memory(&epoch, px, N, F, py, NULL, 0), CASTOR_OK);
+        cr_assert_eq(castor_model_fit(ordered, epoch, &fo, NULL), CASTOR_OK);
+        castor_dataset_free(epoch);
+    }
+    size_t np = castor_model_num_params(shuffled);
+    float *a = malloc(np * sizeof *a), *b = malloc(np * sizeof *b);
+    cr_assert(a && b);
+    cr_assert_eq(castor_model_get_params(shuffled, a, np), CASTOR_OK);
+    cr_assert_eq(castor_model_get_params(ordered, b, np), CASTOR_OK);
+    cr_assert_eq(memcmp(a, b, np * sizeof *a), 0, "the epochs were not in their streams' orders");
+    free(a);
+    free(b);
+    castor_model_free(shuffled);
+    castor_model_free(ordered);
+    castor_strategy_free(s1);
+    castor_strategy_free(s2);
+    castor_dataset_free(ds);
+}
