@@ -482,6 +482,29 @@ Test(checkpoint, epoch_order_absent_from_older_files)
     ckpt_teardown(&fx);
 }
 
+/* With no order recorded the epoch in progress may go on over other data,
+ * but not over data whose epoch it has already passed the end of: fit
+ * refuses an epoch of 3 steps to a model at step 3 (one that took it for
+ * an epoch to finish ran no step and returned CASTOR_OK). */
+Test(checkpoint, older_files_at_the_end_of_the_data_epoch_are_refused)
+{
+    fixture fx;
+    ckpt_setup(&fx);
+    write_bad(&fx, no_epoch_order);
+    cr_assert_eq(castor_model_load(fx.m, fx.bad), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
+    cr_assert_eq(castor_model_step_in_epoch(fx.m), 3);
+    castor_dataset *three_steps = support_synthetic(5, 3 * BATCH, F, C);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.batch_size = BATCH;
+    fo.shuffle = 0;
+    cr_assert_eq(castor_model_fit(fx.m, three_steps, &fo, NULL), CASTOR_MISMATCH, "%s",
+                 castor_model_errmsg(fx.m));
+    cr_assert(strstr(castor_model_errmsg(fx.m), "at step 3 of an epoch of 3 steps"), "%s",
+              castor_model_errmsg(fx.m));
+    castor_dataset_free(three_steps);
+    ckpt_teardown(&fx);
+}
+
 Test(checkpoint, not_a_castor_checkpoint)
 {
     corrupt_case(no_format, CASTOR_FORMAT, "not a castor checkpoint");
