@@ -275,3 +275,67 @@ Test(train, mirrored_holds_host_gradients_only_where_the_host_sums_them)
     }
     castor_dataset_free(ds);
 }
+
+/* The room to train is checked to the byte, before anything is allocated:
+ * on a budget one byte short of what a fit needs it is refused holding no
+ * more than compile placed (a check with slack let the gradients in and
+ * refused the activations after them, which kept the gradients), and on
+ * the exact budget it trains. */
+Test(train, the_room_to_train_is_checked_to_the_byte_before_allocating)
+{
+    castor_dataset *ds = support_synthetic(6, LAZY_N, LAZY_F, 10);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.batch_size = LAZY_BATCH;
+    fo.max_steps = 1;
+    castor_strategy *s = lazy_strategy(CASTOR_STRATEGY_CENTRAL, LAZY_BUDGET);
+    castor_model *m = lazy_model(s);
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_DEVICE_MEMORY);
+    const char *needs = strstr(castor_model_errmsg(m), "needs ");
+    size_t need = 0;
+    cr_assert(needs && sscanf(needs, "needs %zu", &need) == 1, "%s", castor_model_errmsg(m));
+    castor_model_free(m);
+    castor_strategy_free(s);
+    for (size_t budget = need - 1; budget <= need; budget++) {
+        s = lazy_strategy(CASTOR_STRATEGY_CENTRAL, budget);
+        m = lazy_model(s);
+        size_t placed = castor_model_device_peak_bytes(m);
+        int rc = castor_model_fit(m, ds, &fo, NULL);
+        if (budget < need) {
+            cr_assert_eq(rc, CASTOR_DEVICE_MEMORY, "%s", castor_model_errmsg(m));
+            cr_assert_eq(castor_model_device_peak_bytes(m), placed,
+                         "a refused fit allocated %zu bytes",
+                         castor_model_device_peak_bytes(m) - placed);
+        } else {
+            cr_assert_eq(rc, CASTOR_OK, "budget %zu: %s", budget, castor_model_errmsg(m));
+        }
+        castor_model_free(m);
+        castor_strategy_free(s);
+    }
+    castor_dataset_free(ds);
+}
+
+/* Compile checks the variables' room to the byte too, and says what the
+ * model needs (153,640 bytes of variables, 153,856 with the alignment):
+ * with slack in the check, a budget a byte short failed in the allocator
+ * instead, whose message names no budget that would do. */
+Test(train, the_room_for_the_variables_is_checked_to_the_byte_at_compile)
+{
+    const size_t placed = 153856;
+    for (size_t budget = placed - 1; budget <= placed; budget++) {
+        castor_strategy *s = lazy_strategy(CASTOR_STRATEGY_CENTRAL, budget);
+        castor_model *m = NULL;
+        cr_assert_eq(castor_model_create(&m, LAZY_F), CASTOR_OK);
+        cr_assert_eq(castor_model_add_layers(m, "512:relu,10"), CASTOR_OK);
+        int rc = castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 9);
+        if (budget < placed) {
+            cr_assert_eq(rc, CASTOR_DEVICE_MEMORY, "%s", castor_model_errmsg(m));
+            cr_assert(strstr(castor_model_errmsg(m), "needs 153856 bytes of device memory"),
+                      "%s", castor_model_errmsg(m));
+        } else {
+            cr_assert_eq(rc, CASTOR_OK, "%s", castor_model_errmsg(m));
+            cr_assert_eq(castor_model_device_peak_bytes(m), placed);
+        }
+        castor_model_free(m);
+        castor_strategy_free(s);
+    }
+}
