@@ -494,3 +494,25 @@ Test(optim, adam_with_a_tiny_epsilon_keeps_its_subnormal_state)
                 }
             }
 }
+
+/* Where the two tests above meet: Adam flushes its state from epsilon
+ * 2^-39 on (sqrt(FLT_MIN) = 2^-63 is half an ulp of it) and keeps it
+ * subnormal below. A flush that began only above 2^-39 survived them. */
+Test(optim, adam_flushes_its_state_from_epsilon_2_to_the_minus_39)
+{
+    const float epsilons[2] = {0x1p-39f, 0x1.fffffep-40f};  /* the bound, and the float below */
+    float p[4], g[4] = {0}, s[8];
+    for (int e = 0; e < 2; e++) {
+        castor_optimizer opt = castor_optimizer_defaults(CASTOR_OPT_ADAM);
+        opt.epsilon = epsilons[e];
+        for (int i = 0; i < 8; i++)
+            s[i] = (float)(i + 1) * 0x1p-149f;
+        for (int i = 0; i < 4; i++)
+            p[i] = 0.5f;
+        castor__optim_apply_range(&opt, p, g, s, 4, 1000, 0, 4);
+        for (int i = 0; i < 8; i++)
+            cr_assert(e == 0 ? s[i] == 0.0f : s[i] > 0.0f,
+                      "epsilon %a: state[%d] is %a after a zero gradient, want %s",
+                      (double)opt.epsilon, i, (double)s[i], e == 0 ? "0" : "it kept");
+    }
+}
