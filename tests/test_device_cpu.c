@@ -302,6 +302,25 @@ Test(cpu_device, activations_forward_and_backward)
     free(x), free(g), free(want);
 }
 
+/* ReLU's edge values, bit for bit as the CUDA kernel gives them: -0 comes
+ * out +0 (a '<' for '<=' kept the sign, and predict returned -0), a NaN
+ * goes on, and the gradient stops at an output of 0 whatever the sign. */
+Test(cpu_device, relu_of_minus_zero_is_plus_zero)
+{
+    float x[3] = {-0.0f, NAN, 0.0f}, g[3] = {1.0f, 1.0f, 1.0f};
+    float *d = cpu_up(x, 3), *dg = cpu_up(g, 3);
+    cr_assert_eq(cpu_dev->iface->act_forward(cpu_dev, CASTOR_ACT_RELU, d, 3), CASTOR_OK);
+    cr_assert_eq(cpu_dev->iface->act_backward(cpu_dev, CASTOR_ACT_RELU, d, dg, 3), CASTOR_OK);
+    float *y = cpu_down(d, 3), *got = cpu_down(dg, 3);
+    cr_assert(y[0] == 0.0f && !signbit(y[0]), "relu(-0) = %g", (double)y[0]);
+    cr_assert(isnan(y[1]), "relu(NaN) = %g", (double)y[1]);
+    cr_assert(y[2] == 0.0f && !signbit(y[2]), "relu(0) = %g", (double)y[2]);
+    cr_assert(got[0] == 0.0f && got[2] == 0.0f && got[1] == 1.0f,
+              "relu'(-0, NaN, 0) = %g %g %g", (double)got[0], (double)got[1], (double)got[2]);
+    cpu_release(d, 3), cpu_release(dg, 3);
+    free(y), free(got);
+}
+
 Test(cpu_device, add)
 {
     const size_t n = 777;
@@ -528,6 +547,8 @@ Test(cpu_device, optimizer_step_is_the_host_optimizer)
     cr_assert_eq(cpu_dev->iface->optimizer_step(cpu_dev, &kinds[3], d, d, NULL, 4, 1),
                  CASTOR_MISUSE, "Adam without state");
     cr_assert(strstr(cpu_dev->errmsg, "state"), "%s", cpu_dev->errmsg);
+    cr_assert_eq(cpu_dev->iface->optimizer_step(cpu_dev, &kinds[1], d, d, NULL, 4, 1),
+                 CASTOR_MISUSE, "momentum without state");
     cr_assert_eq(cpu_dev->iface->optimizer_step(cpu_dev, NULL, d, d, d, 4, 1), CASTOR_MISUSE);
     cr_assert_eq(cpu_dev->iface->optimizer_step(cpu_dev, &kinds[0], d, d, NULL, 4, 0),
                  CASTOR_MISUSE, "steps count from 1");
