@@ -202,3 +202,50 @@ Test(fit_callback, fit_reads_its_options_once)
     castor_model_free(m);
     castor_strategy_free(s);
 }
+
+/* The calls of a fit, as the callback was told them (up to 16). */
+typedef struct told {
+    int calls;
+    castor_progress p[16];
+} told;
+
+static int record(void *user, const castor_progress *p)
+{
+    told *t = user;
+    if (t->calls < 16)
+        t->p[t->calls] = *p;
+    t->calls++;
+    return 0;
+}
+
+/* Where in the fit each call is: 48 samples in batches of 10 are 5 steps
+ * an epoch, the last of 8 rows. The epoch's last call says step 5 of 5,
+ * not the 0 the model's count is back at (a progress line read "0/5"). */
+Test(fit_callback, each_call_says_where_in_the_fit_it_is)
+{
+    castor_strategy *s = NULL;
+    cr_assert_eq(castor_strategy_create(&s, CASTOR_STRATEGY_CENTRAL, "cpu", NULL), CASTOR_OK);
+    castor_model *m = compiled(s, "4:relu,3");
+    castor_dataset *ds = small_dataset();
+    told t = {0};
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.epochs = 2;
+    fo.batch_size = 10;
+    fo.progress = record;
+    fo.progress_user = &t;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m));
+    cr_assert_eq(t.calls, 10);
+    for (int i = 0; i < 10; i++) {
+        const castor_progress *p = &t.p[i];
+        int step = i % 5 + 1;
+        cr_assert(p->epoch == i / 5 && p->epochs == 2 && p->step_in_epoch == step &&
+                      p->steps_per_epoch == 5 && p->global_step == i + 1 &&
+                      p->epoch_end == (step == 5),
+                  "call %d: epoch %d of %d, step %lld of %lld, global step %lld, epoch_end %d",
+                  i, p->epoch, p->epochs, (long long)p->step_in_epoch,
+                  (long long)p->steps_per_epoch, (long long)p->global_step, p->epoch_end);
+    }
+    castor_dataset_free(ds);
+    castor_model_free(m);
+    castor_strategy_free(s);
+}
