@@ -284,6 +284,22 @@ Test(dataset, load_idx_refuses_too_wide_samples_before_reading_them)
     }
 }
 
+/* The bound is CASTOR_MAX_UNITS itself: a feature more is refused from the
+ * header, as many as that pass it (and this header-only file is then
+ * refused for its missing data, not its width). */
+Test(dataset, load_idx_width_bound_is_max_units)
+{
+    static const uint32_t over[2] = {1, CASTOR_MAX_UNITS + 1}, at[2] = {1, CASTOR_MAX_UNITS};
+    char ip[SUPPORT_PATH_LEN], lp[SUPPORT_PATH_LEN];
+    unsigned char img[64];
+    write_labels(lp, "one", 0x08, (const unsigned char[1]){0}, 1, 1);
+    support_write_in(ip, "over", img, support_idx_build(img, 0x08, 2, over, NULL, 0));
+    expect_load_error(ip, lp, CASTOR_FORMAT, ip,
+                      "16777217 features per sample, more than a model takes (16777216)");
+    support_write_in(ip, "at", img, support_idx_build(img, 0x08, 2, at, NULL, 0));
+    expect_load_error(ip, lp, CASTOR_FORMAT, ip, "truncated");
+}
+
 Test(dataset, mnist_dir_finds_plain_or_gzip)
 {
     castor_dataset *ds = NULL;
