@@ -260,6 +260,12 @@ static void other_optimizer(parts *p)
     edit(p, "\"optimizer\":\"adam\"", "\"optimizer\":\"adamw\"");
 }
 static void no_format(parts *p) { edit(p, "\"format\":", "\"formax\":"); }
+static void other_loss(parts *p) { edit(p, "\"loss\":\"softmax_xent\"", "\"loss\":\"mse\""); }
+static void other_input_features(parts *p)
+{
+    edit(p, "\"input_features\":\"12\"", "\"input_features\":\"13\"");
+}
+static void crc_of_nine_digits(parts *p) { edit(p, "\"crc32\":\"", "\"crc32\":\"0"); }
 
 Test(checkpoint, header_not_json) { corrupt_case(not_json, CASTOR_FORMAT, "not valid JSON"); }
 
@@ -339,6 +345,35 @@ static void bad_optimizer_step(parts *p)
 Test(checkpoint, bad_optimizer_step)
 {
     corrupt_case(bad_optimizer_step, CASTOR_FORMAT, "'optimizer_step' is 'x'");
+}
+
+static void optimizer_step_behind(parts *p)
+{
+    edit(p, "\"seed\":", "\"optimizer_step\":\"1\",\"seed\":");
+}
+
+/* The optimizer state's own step count (behind the model's after a mirrored
+ * recovery: Adam's bias correction counts it) is what load takes and save
+ * writes back, not the model's step in its place. */
+Test(checkpoint, optimizer_step_behind_the_step_survives_load_and_save)
+{
+    fixture fx;
+    ckpt_setup(&fx);
+    write_bad(&fx, optimizer_step_behind);
+    cr_assert_eq(castor_model_load(fx.m, fx.bad), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
+    cr_assert_eq(castor_model_step(fx.m), 3);
+    cr_assert_eq(castor_model_save(fx.m, fx.good), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
+    parts p = split_file(fx.good);
+    cr_assert(strstr(p.header, "\"optimizer_step\":\"1\""), "%s", p.header);
+    parts_free(&p);
+    ckpt_teardown(&fx);
+}
+
+/* zlib's CRC-32 is 8 hex digits: a ninth (a leading 0 that strtoul reads
+ * to the same value) is not what castor writes. */
+Test(checkpoint, crc_of_nine_digits)
+{
+    corrupt_case(crc_of_nine_digits, CASTOR_FORMAT, "'crc32' is '0");
 }
 
 /* input_shape and input_type (the data a model was trained on) go together,
@@ -518,6 +553,12 @@ Test(checkpoint, architecture_mismatch)
     expect_load_fails(&fx, fx.bad, CASTOR_MISMATCH, "layers");
     write_bad(&fx, other_optimizer);
     expect_load_fails(&fx, fx.bad, CASTOR_MISMATCH, "optimizer is adamw");
+    /* Metadata alone, the tensors as they were: only its own check refuses
+     * a file of another loss, or of another input width. */
+    write_bad(&fx, other_loss);
+    expect_load_fails(&fx, fx.bad, CASTOR_MISMATCH, "loss is mse");
+    write_bad(&fx, other_input_features);
+    expect_load_fails(&fx, fx.bad, CASTOR_MISMATCH, "takes 13 input features");
     /* a model of another width */
     castor_strategy *s = ckpt_make_strategy(CASTOR_STRATEGY_CENTRAL, "cpu");
     castor_model *m = ckpt_make_model(s, "32:tanh,8:relu,3", ckpt_make_opt(CASTOR_OPT_ADAM), 1);
