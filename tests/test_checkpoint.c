@@ -420,6 +420,37 @@ Test(checkpoint, mid_epoch_resume_unshuffled_is_refused)
     refuse_other_epoch_data(1, N, 0);
 }
 
+/* The other way round: an epoch started unshuffled (epoch_shuffle 0, which
+ * the file must hold as it holds 1) is not finished shuffled. */
+Test(checkpoint, mid_epoch_resume_of_an_unshuffled_epoch_refuses_shuffling)
+{
+    char *dir = support_tmpdir();
+    char *path = ckpt_path_in(dir, "u.safetensors");
+    castor_dataset *ds = ckpt_synthetic();
+    castor_strategy *s = ckpt_make_strategy(CASTOR_STRATEGY_CENTRAL, "cpu");
+    castor_model *m = ckpt_make_model(s, LAYERS, ckpt_make_opt(CASTOR_OPT_ADAM), 1);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    fo.batch_size = BATCH;
+    fo.shuffle = 0;
+    fo.max_steps = 3;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m));
+    cr_assert_eq(castor_model_save(m, path), CASTOR_OK, "%s", castor_model_errmsg(m));
+    castor_model_free(m);
+    m = NULL;
+    cr_assert_eq(castor_model_open(&m, path, s), CASTOR_OK, "%s", castor_model_errmsg(m));
+    fo.shuffle = 1;
+    fo.max_steps = 0;
+    cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_MISMATCH, "%s",
+                 castor_model_errmsg(m));
+    cr_assert_eq(castor_model_step(m), 3, "nothing trained");
+    castor_model_free(m);
+    castor_strategy_free(s);
+    castor_dataset_free(ds);
+    support_rmrf(dir);
+    free(dir);
+    free(path);
+}
+
 /* Whatever compile accepts, save writes and load reads back: fields the
  * optimizer does not read (they were written as "nan" and "inf"), and
  * subnormal rates (strtof's ERANGE on them was taken for an error). */
