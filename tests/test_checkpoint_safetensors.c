@@ -67,6 +67,9 @@ Test(checkpoint, st_rejects_bad_headers)
                   "past the end");
     expect_reject("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4,
                   "its shape needs 8");
+    /* more bytes than the shape, too: the rest would be read by no one */
+    expect_reject("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8,
+                  "its shape needs 4");
     expect_reject("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
                   "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8,
                   "overlap");
@@ -142,7 +145,7 @@ Test(checkpoint, st_write_round_trips_and_aligns)
     char *path = ckpt_path_in(dir, "w.safetensors");
     const float one[1] = {1.5f}, three[3] = {-1.0f, 0.0f, 2.0f};
     const char *names[2] = {"a\\\"b", "c\\\\d\ne"};  /* a\"b and c\\d<newline>e */
-    castor__st_kv meta[1] = {{NULL, "v\\\"\t"}};
+    castor__st_kv meta[1] = {{NULL, "v\\\"\t\x1f"}};
     char err[512] = "";
     for (size_t pad = 0; pad < 8; pad++) {
         char key[16] = "k\\";
@@ -160,6 +163,9 @@ Test(checkpoint, st_write_round_trips_and_aligns)
         cr_assert_eq((8 + hl) % 8, 0, "pad %zu: the data starts at byte %llu", pad,
                      (unsigned long long)(8 + hl));
         cr_assert_eq(len, 8 + hl + 16);
+        /* JSON takes no raw control character, 0x1f the last of them (the
+         * header stops at the data's first NUL: 1.5f starts 00 00) */
+        cr_assert(strstr((const char *)b + 8, "\\u001f"), "pad %zu: 0x1f not escaped", pad);
         free(b);
         castor__st_file f;
         cr_assert_eq(castor__st_read(path, &f, err, sizeof err), CASTOR_OK, "%s", err);
@@ -172,7 +178,7 @@ Test(checkpoint, st_write_round_trips_and_aligns)
             cr_assert(memcmp(f.data + t->begin, i ? three : one, 4 * t->count) == 0);
         }
         const char *v = castor__st_meta_get(&f, key);
-        cr_assert(v && strcmp(v, "v\\\"\t") == 0, "'%s'", v ? v : "(none)");
+        cr_assert(v && strcmp(v, "v\\\"\t\x1f") == 0, "'%s'", v ? v : "(none)");
         castor__st_free(&f);
     }
     free(path);
