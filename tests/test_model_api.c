@@ -48,10 +48,15 @@ Test(model_api, size_limits_take_their_top)
 {
     castor_model *m = NULL;
     cr_assert_eq(castor_model_create(&m, 1 << 24), CASTOR_OK, "%s", castor_model_errmsg(m));
+    /* 2^48 weights: over the 2^40 parameters a model may hold */
+    cr_assert_eq(castor_model_add_dense(m, 1 << 24, CASTOR_ACT_LINEAR), CASTOR_INVALID);
+    cr_assert(strstr(castor_model_errmsg(m), "too large"), "%s", castor_model_errmsg(m));
     castor_model_free(m);
     cr_assert_eq(castor_model_create(&m, (1 << 24) + 1), CASTOR_INVALID);
     castor_model_free(m);
     cr_assert_eq(castor_model_create(&m, 1), CASTOR_OK);
+    /* and start at 1: a layer of no units is refused, not counted */
+    cr_assert_eq(castor_model_add_dense(m, 0, CASTOR_ACT_LINEAR), CASTOR_INVALID);
     for (int i = 0; i < 1024; i++)
         cr_assert_eq(castor_model_add_dense(m, 1, CASTOR_ACT_LINEAR), CASTOR_OK, "layer %d: %s",
                      i, castor_model_errmsg(m));
@@ -698,4 +703,13 @@ Test(model_api, a_refused_fit_still_says_no_epoch_ended)
     castor_dataset_free(ds);
     castor_model_free(m);
     castor_strategy_free(s);
+}
+
+/* Every status has words of its own: a code castor_errstr does not know
+ * reads "unknown status code", which tells a user nothing of what failed. */
+Test(model_api, every_status_has_its_own_errstr)
+{
+    for (int rc = CASTOR_OK; rc <= CASTOR_NOT_DURABLE; rc++)
+        for (int other = -1; other < rc; other++)
+            cr_assert_str_neq(castor_errstr(rc), castor_errstr(other), "%d and %d", rc, other);
 }
