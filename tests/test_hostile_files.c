@@ -241,8 +241,8 @@ Test(hostile, mnist_dir_entry_that_is_a_directory)
     castor_dataset *ds = NULL;
     cr_assert_eq(castor_dataset_load_mnist_dir(&ds, support_dir, "test"), CASTOR_IO);
     const char *msg = castor_dataset_errmsg(ds);
-    cr_assert(strstr(msg, "t10k-images-idx3-ubyte") && strstr(msg, "is a directory") &&
-                  !strstr(msg, "missing"),
+    /* the directory's own name, not the .gz looked for after it */
+    cr_assert(strstr(msg, "t10k-images-idx3-ubyte: is a directory") && !strstr(msg, "missing"),
               "%s", msg);
     assert_printable(msg);
     castor_dataset_free(ds);
