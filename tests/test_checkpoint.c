@@ -358,6 +358,25 @@ Test(checkpoint, resume_with_another_batch_size_is_refused)
     free(path);
 }
 
+/* A seed is 64 bits, and all of them come back. */
+Test(checkpoint, the_largest_seed_round_trips)
+{
+    char *dir = support_tmpdir();
+    char *path = ckpt_path_in(dir, "seed.safetensors");
+    castor_strategy *s = ckpt_make_strategy(CASTOR_STRATEGY_CENTRAL, "cpu");
+    castor_model *m = ckpt_make_model(s, LAYERS, ckpt_make_opt(CASTOR_OPT_ADAM), UINT64_MAX);
+    cr_assert_eq(castor_model_save(m, path), CASTOR_OK, "%s", castor_model_errmsg(m));
+    castor_model_free(m);
+    m = NULL;
+    cr_assert_eq(castor_model_open(&m, path, s), CASTOR_OK, "%s", castor_model_errmsg(m));
+    cr_assert_eq(m->seed, UINT64_MAX);
+    castor_model_free(m);
+    castor_strategy_free(s);
+    support_rmrf(dir);
+    free(dir);
+    free(path);
+}
+
 /* An epoch in progress goes on over the permutation it started with: other
  * training data (fewer samples: a larger validation split) or another shuffle
  * flag would visit some samples twice and others never. */

@@ -266,6 +266,10 @@ static void other_input_features(parts *p)
     edit(p, "\"input_features\":\"12\"", "\"input_features\":\"13\"");
 }
 static void crc_of_nine_digits(parts *p) { edit(p, "\"crc32\":\"", "\"crc32\":\"0"); }
+static void rate_after_a_blank(parts *p)
+{
+    edit(p, "\"learning_rate\":\"", "\"learning_rate\":\" ");
+}
 
 Test(checkpoint, header_not_json) { corrupt_case(not_json, CASTOR_FORMAT, "not valid JSON"); }
 
@@ -374,6 +378,12 @@ Test(checkpoint, optimizer_step_behind_the_step_survives_load_and_save)
 Test(checkpoint, crc_of_nine_digits)
 {
     corrupt_case(crc_of_nine_digits, CASTOR_FORMAT, "'crc32' is '0");
+}
+
+/* A number is the number alone: strtof would skip the blank before it. */
+Test(checkpoint, float_after_a_blank)
+{
+    corrupt_case(rate_after_a_blank, CASTOR_FORMAT, "'learning_rate' is ' ");
 }
 
 /* input_shape and input_type (the data a model was trained on) go together,
