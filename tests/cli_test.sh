@@ -1996,6 +1996,13 @@ expect_error 2 "--resume mid-epoch on data of other features" train --data "$BIG
     --devices cpu:2 --epochs 2 --resume "$T/ck-fail/ckpt-000000000004.safetensors"
 grep -q -- "the model takes 256 features per sample but the data in $BIG has 784" "$T/err" ||
     bad "--resume mid-epoch on other features: not the features' message" "$(cat "$T/err")"
+# Nor with another --batch: the epoch's permutation is cut in its batches
+# (refused before anything runs, saying which flag to leave out).
+expect_error 2 "--resume mid-epoch with another --batch" "${TRAIN[@]}" --devices cpu:2 \
+    --epochs 2 --resume "$T/ck-fail/ckpt-000000000004.safetensors" --batch 32
+grep -q -- "^castor: --batch 32 differs from the checkpoint .*, which is 4 steps into an epoch \
+of batch 64 (finish the epoch with that batch: leave --batch out)\$" "$T/err" ||
+    bad "--resume mid-epoch with another --batch: not the batch's message" "$(cat "$T/err")"
 # At an epoch boundary, --validation-split left out of --resume defaults to
 # the run's own (the file trained on 448 of the 512 samples): the result is
 # the uninterrupted run's, and the held-out samples were never trained on.
