@@ -1852,8 +1852,12 @@ grep -q "(to resume from the checkpoint before it, $T/ck-bad/ckpt-000000000001.s
 this one out of $T/ck-bad)\$" "$T/err" || bad "the error does not say how to go on" "$(cat "$T/err")"
 expect_error 1 "--resume a truncated FILE" "${TRAIN[@]}" --resume "$T/truncated.safetensors"
 expect_error 1 "--resume an IDX file" "${TRAIN[@]}" --resume "$DATA/t10k-labels-idx1-ubyte.gz"
-expect_error 2 "--resume with conflicting --layers" "${TRAIN[@]}" --layers 64:relu,10 \
+# (with the file's --lr: TRAIN's 0.01 was refused in its place, and the
+# --layers check went untested)
+expect_error 2 "--resume with conflicting --layers" "${TRAIN[@]}" --lr 0.001 --layers 64:relu,10 \
     --resume "$SAVED" --checkpoint-dir "$T/ck-new" --save "$T/never.safetensors"
+grep -q -- "^castor: --layers '64:relu,10' differs from the checkpoint $SAVED, which has \
+'32:relu,10:linear'" "$T/err" || bad "the error does not name --layers" "$(cat "$T/err")"
 # $SAVED was trained with --lr 0.001 and otherwise TRAIN's flags.
 for flag in "optimizer sgd" "lr 0.5" "seed 7" "loss mse"; do
     expect_error 2 "--resume with conflicting --$flag" "${TRAIN[@]}" --lr 0.001 --resume "$SAVED" \
