@@ -264,7 +264,8 @@ expect_error 2 "--epochs ' 5'" train --epochs " 5"
 expect_error 2 "--epochs 99999999999" train --epochs 99999999999
 expect_error 2 "--batch -5" train --batch -5
 expect_error 2 "--batch 0" train --batch 0
-expect_error 2 "--lr 0" train --lr 0
+# the flag refuses it, before any data loads (compile refused it after)
+expect_error 2 "--lr 0" train --data "$T/no-such-dir" --lr 0
 expect_error 2 "--lr nan" train --lr nan
 expect_error 2 "--lr inf" train --lr inf
 # checked as a flag, before any data loads (the directory does not exist)
@@ -275,7 +276,9 @@ expect_error 2 "--momentum 1" train --optimizer sgd --momentum 1
 expect_error 2 "--momentum 0.9999999999 (1 as a float)" train --data "$T/no-such-dir" --optimizer sgd --momentum 0.9999999999
 expect_error 2 "--momentum with adam" train --optimizer adam --momentum 0.9
 expect_error 2 "--nesterov with adamw" train --optimizer adamw --nesterov
-expect_error 2 "--weight-decay with sgd" train --optimizer sgd --weight-decay 0.01
+# (before any data loads: compile refused it too, after)
+expect_error 2 "--weight-decay with sgd" train --data "$T/no-such-dir" --optimizer sgd \
+    --weight-decay 0.01
 expect_error 2 "--seed -1" train --seed -1
 expect_error 2 "--seed 18446744073709551616" train --seed 18446744073709551616
 # A leading '+' is a number's, as --epochs +5 is one: the parse passes and the
