@@ -544,6 +544,16 @@ assert abs(n - 512) < 1e-6 * 512, "samples_per_second x seconds: %r, want 512" %
 else
     bad "samples_per_second with a last batch of 32: status $rc" "$(cat "$T/py"; tail -n 1 "$T/out")"
 fi
+# The defaults --help gives: --batch 256 (512 samples: 2 steps) and --seed 1.
+run train --data "$DATA" --layers 10 --epochs 1 --quiet --json
+if [[ $rc -eq 0 ]] && tail -n 1 "$T/out" | python3 -c '
+import json, sys
+d = json.loads(sys.stdin.read())
+assert d["batch"] == 256 and d["steps"] == 2 and d["seed"] == 1, d' 2>"$T/py"; then
+    ok "--batch and --seed left out: 256 and 1"
+else
+    bad "the defaults of --batch and --seed: status $rc" "$(cat "$T/py"; tail -n 1 "$T/out")"
+fi
 expect_error 2 "--loss mse with fewer units than classes" "${TRAIN[@]}" --layers 4 --loss mse --epochs 1
 expect_error 2 "--loss mse with one unit for ten classes" "${TRAIN[@]}" --layers 1 --loss mse \
     --epochs 1
