@@ -137,6 +137,22 @@ static void corrupt_case(void (*mutate)(parts *), int code, const char *fragment
     ckpt_teardown(&fx);
 }
 
+/* The good file edited by mutate loads (at the given step, unless it is
+ * negative), and is saved again: the parts of what that save wrote. */
+static parts load_and_save_again(void (*mutate)(parts *), int64_t step)
+{
+    fixture fx;
+    ckpt_setup(&fx);
+    write_bad(&fx, mutate);
+    cr_assert_eq(castor_model_load(fx.m, fx.bad), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
+    if (step >= 0)
+        cr_assert_eq(castor_model_step(fx.m), step);
+    cr_assert_eq(castor_model_save(fx.m, fx.good), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
+    parts p = split_file(fx.good);
+    ckpt_teardown(&fx);
+    return p;
+}
+
 Test(checkpoint, good_file_loads)
 {
     fixture fx;
@@ -361,16 +377,9 @@ static void optimizer_step_behind(parts *p)
  * writes back, not the model's step in its place. */
 Test(checkpoint, optimizer_step_behind_the_step_survives_load_and_save)
 {
-    fixture fx;
-    ckpt_setup(&fx);
-    write_bad(&fx, optimizer_step_behind);
-    cr_assert_eq(castor_model_load(fx.m, fx.bad), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
-    cr_assert_eq(castor_model_step(fx.m), 3);
-    cr_assert_eq(castor_model_save(fx.m, fx.good), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
-    parts p = split_file(fx.good);
+    parts p = load_and_save_again(optimizer_step_behind, 3);
     cr_assert(strstr(p.header, "\"optimizer_step\":\"1\""), "%s", p.header);
     parts_free(&p);
-    ckpt_teardown(&fx);
 }
 
 /* zlib's CRC-32 is 8 hex digits: a ninth (a leading 0 that strtoul reads
@@ -468,15 +477,9 @@ Test(checkpoint, bad_target_epochs)
 /* Files written before the key lack it: they load, and save without it. */
 Test(checkpoint, target_epochs_absent_from_older_files)
 {
-    fixture fx;
-    ckpt_setup(&fx);
-    write_bad(&fx, no_target_epochs);
-    cr_assert_eq(castor_model_load(fx.m, fx.bad), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
-    cr_assert_eq(castor_model_save(fx.m, fx.bad), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
-    parts p = split_file(fx.bad);
+    parts p = load_and_save_again(no_target_epochs, -1);
     cr_assert_null(strstr(p.header, "target_epochs"), "%s", p.header);
     parts_free(&p);
-    ckpt_teardown(&fx);
 }
 
 Test(checkpoint, bad_epoch_order)

@@ -496,15 +496,23 @@ static int refuse_alloc(cdev *dev, size_t bytes, void **out)
     return castor__cdev_fail(dev, CASTOR_DEVICE, "%s: injected allocation failure", dev->name);
 }
 
-/* F -> 8:relu -> 3 (softmax cross-entropy), compiled central on cpu:2. */
-static castor_model *small_model_on_cpu2(castor_strategy **s)
+/* F -> layers (softmax cross-entropy, default SGD), compiled central on
+ * devices with the given seed. */
+static castor_model *central_model(castor_strategy **s, const char *devices, const char *layers,
+                                   uint64_t seed)
 {
-    cr_assert_eq(castor_strategy_create(s, CASTOR_STRATEGY_CENTRAL, "cpu:2", NULL), CASTOR_OK);
+    cr_assert_eq(castor_strategy_create(s, CASTOR_STRATEGY_CENTRAL, devices, NULL), CASTOR_OK);
     castor_model *m = NULL;
     cr_assert_eq(castor_model_create(&m, F), CASTOR_OK);
-    cr_assert_eq(castor_model_add_layers(m, "8:relu,3"), CASTOR_OK);
-    cr_assert_eq(castor_model_compile(m, *s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 1), CASTOR_OK);
+    cr_assert_eq(castor_model_add_layers(m, layers), CASTOR_OK);
+    cr_assert_eq(castor_model_compile(m, *s, CASTOR_LOSS_SOFTMAX_XENT, NULL, seed), CASTOR_OK);
     return m;
+}
+
+/* F -> 8:relu -> 3, compiled central on cpu:2. */
+static castor_model *small_model_on_cpu2(castor_strategy **s)
+{
+    return central_model(s, "cpu:2", "8:relu,3", 1);
 }
 
 Test(train, failed_grow_leaves_replicas_usable)
@@ -680,17 +688,6 @@ Test(train, a_label_past_the_last_layer_is_refused_before_any_step)
     castor_strategy_free(s);
 }
 
-/* A model compiled with default SGD, seed 7, to train on synthetic data. */
-static castor_model *sgd_model(castor_strategy **s)
-{
-    cr_assert_eq(castor_strategy_create(s, CASTOR_STRATEGY_CENTRAL, "cpu", NULL), CASTOR_OK);
-    castor_model *m = NULL;
-    cr_assert_eq(castor_model_create(&m, F), CASTOR_OK);
-    cr_assert_eq(castor_model_add_layers(m, "4:relu,3"), CASTOR_OK);
-    cr_assert_eq(castor_model_compile(m, *s, CASTOR_LOSS_SOFTMAX_XENT, NULL, 7), CASTOR_OK);
-    return m;
-}
-
 /* Epoch e is shuffled by castor__rng_seed(seed, CASTOR_RNG_SHUFFLE, e)
  * (rng.h): two shuffled epochs train as two unshuffled ones on the data put
  * in those orders. A shuffle seeded without the epoch gave every epoch the
@@ -704,7 +701,8 @@ Test(train, each_epoch_is_shuffled_by_its_own_stream)
     fo.batch_size = 10;
     fo.epochs = 2;
     castor_strategy *s1 = NULL, *s2 = NULL;
-    castor_model *shuffled = sgd_model(&s1), *ordered = sgd_model(&s2);
+    castor_model *shuffled = central_model(&s1, "cpu", "4:relu,3", 7);
+    castor_model *ordered = central_model(&s2, "cpu", "4:relu,3", 7);
     cr_assert_eq(castor_model_fit(shuffled, ds, &fo, NULL), CASTOR_OK);
     fo.epochs = 1;
     fo.shuffle = 0;
