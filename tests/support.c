@@ -201,3 +201,14 @@ double support_activation(castor_activation a, double z)
     default: return z;
     }
 }
+
+castor_model *support_central_model(castor_strategy **s, const char *devices, int features,
+                                    const char *layers, uint64_t seed)
+{
+    cr_assert_eq(castor_strategy_create(s, CASTOR_STRATEGY_CENTRAL, devices, NULL), CASTOR_OK);
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_create(&m, features), CASTOR_OK);
+    cr_assert_eq(castor_model_add_layers(m, layers), CASTOR_OK);
+    cr_assert_eq(castor_model_compile(m, *s, CASTOR_LOSS_SOFTMAX_XENT, NULL, seed), CASTOR_OK);
+    return m;
+}

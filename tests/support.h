@@ -45,6 +45,10 @@ int support_write_file(const char *path, const void *bytes, size_t len);
  * same for the same seed. */
 struct castor_dataset;
 struct castor_dataset *support_synthetic(uint64_t seed, int n, int features, int classes);
+/* A model of `features` inputs and `layers` (softmax cross-entropy, default
+ * SGD), compiled central on `devices` with `seed`; *s its strategy. */
+castor_model *support_central_model(castor_strategy **s, const char *devices, int features,
+                                    const char *layers, uint64_t seed);
 /* Largest |a-b| / max(|b|, floor), and the index where it is. */
 double support_max_rel_err(const float *a, const float *b, size_t n, double floor, size_t *where);
 /* An activation's value at z, in double: the references' forward pass. */
