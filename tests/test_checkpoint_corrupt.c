@@ -137,14 +137,21 @@ static void corrupt_case(void (*mutate)(parts *), int code, const char *fragment
     ckpt_teardown(&fx);
 }
 
+/* A fixture whose model has loaded the good file as mutate edited it
+ * (ckpt_teardown it). */
+static void load_edited(fixture *fx, void (*mutate)(parts *))
+{
+    ckpt_setup(fx);
+    write_bad(fx, mutate);
+    cr_assert_eq(castor_model_load(fx->m, fx->bad), CASTOR_OK, "%s", castor_model_errmsg(fx->m));
+}
+
 /* The good file edited by mutate loads (at the given step, unless it is
  * negative), and is saved again: the parts of what that save wrote. */
 static parts load_and_save_again(void (*mutate)(parts *), int64_t step)
 {
     fixture fx;
-    ckpt_setup(&fx);
-    write_bad(&fx, mutate);
-    cr_assert_eq(castor_model_load(fx.m, fx.bad), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
+    load_edited(&fx, mutate);
     if (step >= 0)
         cr_assert_eq(castor_model_step(fx.m), step);
     cr_assert_eq(castor_model_save(fx.m, fx.good), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
@@ -497,9 +504,7 @@ Test(checkpoint, bad_epoch_order)
 Test(checkpoint, the_last_step_of_an_epoch_loads_and_finishes_it)
 {
     fixture fx;
-    ckpt_setup(&fx);
-    write_bad(&fx, last_step_of_the_epoch);
-    cr_assert_eq(castor_model_load(fx.m, fx.bad), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
+    load_edited(&fx, last_step_of_the_epoch);
     cr_assert_eq(castor_model_step_in_epoch(fx.m), 6);
     castor_dataset *same = support_synthetic(5, N, F, C);
     castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
@@ -515,9 +520,7 @@ Test(checkpoint, the_last_step_of_an_epoch_loads_and_finishes_it)
 Test(checkpoint, epoch_order_absent_from_older_files)
 {
     fixture fx;
-    ckpt_setup(&fx);
-    write_bad(&fx, no_epoch_order);
-    cr_assert_eq(castor_model_load(fx.m, fx.bad), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
+    load_edited(&fx, no_epoch_order);
     cr_assert_eq(castor_model_step_in_epoch(fx.m), 3);
     /* Nothing to hold the epoch in progress to: it goes on over other data. */
     castor_dataset *other = support_synthetic(5, N + 40, F, C);
@@ -537,9 +540,7 @@ Test(checkpoint, epoch_order_absent_from_older_files)
 Test(checkpoint, older_files_at_the_end_of_the_data_epoch_are_refused)
 {
     fixture fx;
-    ckpt_setup(&fx);
-    write_bad(&fx, no_epoch_order);
-    cr_assert_eq(castor_model_load(fx.m, fx.bad), CASTOR_OK, "%s", castor_model_errmsg(fx.m));
+    load_edited(&fx, no_epoch_order);
     cr_assert_eq(castor_model_step_in_epoch(fx.m), 3);
     castor_dataset *three_steps = support_synthetic(5, 3 * BATCH, F, C);
     castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
