@@ -1,5 +1,6 @@
 # castor: make (library + CLI), make check, make demo, make bench,
-# make check-gpu, make check-sanitize, make fuzz, make install, make uninstall.
+# make check-gpu, make check-sanitize, make check-gpu-sanitize, make fuzz, make install,
+# make uninstall.
 #
 # Every tool and path can be overridden: make CC=clang CUDA_HOME=/opt/cuda.
 # CUDA is built whenever nvcc is found; NO_CUDA=1 opts out, USE_CUDA=1 makes
@@ -104,7 +105,7 @@ THREAD_WRAP = pthread_create
 ALLOC_TEST_SRC = $(wildcard tests/alloc/*.c)
 ALLOC_TEST_OBJ = $(ALLOC_TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/support.o
 
-.PHONY: all lib cli check check-gpu check-sanitize demo bench fuzz clean deps deps-check info-build \
+.PHONY: all lib cli check check-gpu check-gpu-sanitize gpu-asan-tests check-sanitize demo bench fuzz clean deps deps-check info-build \
         install uninstall
 SHELL := /bin/bash
 
@@ -241,8 +242,9 @@ ASAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-o
 # itself) matches only allocations made in libcriterion. With whole stacks it
 # matched every leak, since every test runs below libcriterion's frames. To
 # see a leak's or a heap error's whole stack, rerun it with a larger size.
-ASAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:malloc_context_size=2 \
-           UBSAN_OPTIONS=print_stacktrace=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp
+ASAN_OPTS = detect_leaks=1:abort_on_error=1:malloc_context_size=2
+SAN_OTHER_ENV = UBSAN_OPTIONS=print_stacktrace=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp
+ASAN_ENV = ASAN_OPTIONS=$(ASAN_OPTS) $(SAN_OTHER_ENV)
 check-sanitize: deps-check
 	$(MAKE) --no-print-directory BUILD=$(BUILD)/asan NO_CUDA=1 OPT=-O1 SANITIZE="$(ASAN_FLAGS)" \
 	    $(BUILD)/asan/castor-tests $(BUILD)/asan/castor-alloc-tests
@@ -251,6 +253,18 @@ check-sanitize: deps-check
 	$(MAKE) --no-print-directory BUILD=$(BUILD)/tsan NO_CUDA=1 OPT=-O1 SANITIZE=-fsanitize=thread \
 	    $(BUILD)/tsan/castor-tsan-tests
 	OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 $(BUILD)/tsan/castor-tsan-tests
+
+# The CUDA backend's host side (and the library around it) under ASan and
+# UBSan, on a machine with a GPU; without one the GPU tests skip as in
+# check-gpu. protect_shadow_gap=0: the CUDA driver maps memory where ASan
+# keeps its shadow gap. Device memory errors are compute-sanitizer's
+# (scripts/gpu-sanitize, which runs this too).
+gpu-asan-tests: deps-check
+	$(MAKE) --no-print-directory BUILD=$(BUILD)/asan-cuda OPT=-O1 SANITIZE="$(ASAN_FLAGS)" \
+	    $(BUILD)/asan-cuda/castor-gpu-tests
+check-gpu-sanitize: gpu-asan-tests
+	ASAN_OPTIONS=$(ASAN_OPTS):protect_shadow_gap=0 $(SAN_OTHER_ENV) \
+	    $(BUILD)/asan-cuda/castor-gpu-tests $(CRITERION_FLAGS)
 
 # The threaded paths under TSan (tests/tsan/main.c says what they are), a
 # plain program: Criterion's runner cannot start under TSan. It injects
