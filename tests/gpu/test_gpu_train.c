@@ -94,7 +94,7 @@ Test(gpu_train, central_vs_mirrored_cuda0x2_adam) { central_vs_mirrored("cuda:0x
 Test(gpu_train, central_vs_mirrored_cuda0x3_sgd) { central_vs_mirrored("cuda:0x3", CASTOR_OPT_SGD); }
 Test(gpu_train, central_vs_mirrored_cuda0x2_adamw) { central_vs_mirrored("cuda:0x2", CASTOR_OPT_ADAMW); }
 
-Test(gpu_train, fashion_mnist_on_cuda0, .timeout = 300)
+Test(gpu_train, fashion_mnist_on_cuda0x2, .timeout = 300)
 {
     REQUIRE_GPU();
     const char *dir = support_fashion_dir();
