@@ -90,7 +90,8 @@ CLI_OBJ  = $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 $(CLI_OBJ): ALL_CFLAGS += -DCASTOR_HAVE_BENCH
 TEST_OBJ = $(TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/support.o \
            $(BUILD)/obj/tests/checkpoint_support.o $(BUILD)/obj/tests/cpu_device_support.o \
-           $(BUILD)/obj/tests/fault_support.o $(BUILD)/obj/tests/fault_inject.o
+           $(BUILD)/obj/tests/fault_support.o $(BUILD)/obj/tests/fault_inject.o \
+           $(BUILD)/obj/tests/numerics_support.o
 GPU_TEST_OBJ = $(GPU_TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/support.o \
                $(BUILD)/obj/tests/gpu/gpu_support.o
 # The allocation-failure sweeps (tests/alloc/) are a binary of their own:

@@ -13,34 +13,11 @@
 #include <string.h>
 
 #include "castor.h"
+#include "numerics_support.h"
 #include "support.h"
 #include "src/model.h"
-#include "src/rng.h"
-#include "src/strategy.h"
 
-#define NS 11   /* samples: batches of 4 leave a short last batch of 3 */
-#define NF 5
-#define NC 3
 #define MAXW 16
-
-typedef struct data {
-    float x[NS * NF];
-    int32_t labels[NS];
-    float targets[NS * NC];
-} data;
-
-static void make_data(data *d, uint64_t seed)
-{
-    castor__rng rng;
-    castor__rng_seed(&rng, seed, 77, 0);
-    for (int i = 0; i < NS * NF; i++)
-        d->x[i] = 2.0f * castor__rng_uniform(&rng) - 1.0f;
-    for (int i = 0; i < NS; i++)
-        d->labels[i] = (int32_t)castor__rng_below(&rng, NC);
-    for (int i = 0; i < NS * NC; i++)
-        d->targets[i] = castor__rng_uniform(&rng);
-}
-
 
 /* d act / d z, from z. */
 static double act_dz(castor_activation a, double z)
@@ -133,39 +110,6 @@ static double ref_sample(const castor_model *m, const double *p, const data *d, 
     return loss;
 }
 
-/* A model compiled with plain SGD at learning rate lr, seed 5. */
-static castor_model *make_model_lr(const char *devices, castor_strategy_kind kind,
-                                   const char *layers, castor_loss loss, float lr,
-                                   castor_strategy **s)
-{
-    cr_assert_eq(castor_strategy_create(s, kind, devices, NULL), CASTOR_OK, "%s",
-                 castor_strategy_errmsg(*s));
-    castor_model *m = NULL;
-    cr_assert_eq(castor_model_create(&m, NF), CASTOR_OK);
-    cr_assert_eq(castor_model_add_layers(m, layers), CASTOR_OK);
-    castor_optimizer sgd = castor_optimizer_defaults(CASTOR_OPT_SGD);
-    sgd.learning_rate = lr;
-    cr_assert_eq(castor_model_compile(m, *s, loss, &sgd, 5), CASTOR_OK, "%s",
-                 castor_model_errmsg(m));
-    return m;
-}
-
-static castor_model *make_model(const char *devices, castor_strategy_kind kind,
-                                const char *layers, castor_loss loss, castor_strategy **s)
-{
-    return make_model_lr(devices, kind, layers, loss, 0.5f, s);
-}
-
-static castor_dataset *make_dataset(const data *d, castor_loss loss)
-{
-    castor_dataset *ds = NULL;
-    int mse = loss == CASTOR_LOSS_MSE;
-    cr_assert_eq(castor_dataset_from_memory(&ds, d->x, NS, NF, mse ? NULL : d->labels,
-                                            mse ? d->targets : NULL, mse ? NC : 0),
-                 CASTOR_OK);
-    return ds;
-}
-
 /* An epoch of plain SGD, one step at a time, each checked against
  * params - lr * (mean gradient over the step's rows). */
 /* One training step at a time against the reference: the variables before
@@ -221,10 +165,10 @@ static void sgd_steps(const char *devices, castor_strategy_kind kind, const char
                       castor_loss loss, int batch)
 {
     data d;
-    make_data(&d, 3);
+    numerics_make_data(&d, 3);
     castor_strategy *s = NULL;
-    castor_model *m = make_model(devices, kind, layers, loss, &s);
-    castor_dataset *ds = make_dataset(&d, loss);
+    castor_model *m = numerics_make_model(devices, kind, layers, loss, &s);
+    castor_dataset *ds = numerics_make_dataset(&d, loss);
     stepper st;
     stepper_init(&st, m, ds, &d, batch);
     for (int first = 0; first < NS; first += batch) {
@@ -271,12 +215,11 @@ static void evaluate_means(const char *devices, castor_strategy_kind kind, casto
                            int batch)
 {
     data d;
-    make_data(&d, 4);
+    numerics_make_data(&d, 4);
     castor_strategy *s = NULL;
-    castor_model *m = make_model(devices, kind, loss == CASTOR_LOSS_MSE ? "6:relu,3:sigmoid"
-                                                                        : "6:relu,3",
-                                 loss, &s);
-    castor_dataset *ds = make_dataset(&d, loss);
+    const char *layers = loss == CASTOR_LOSS_MSE ? "6:relu,3:sigmoid" : "6:relu,3";
+    castor_model *m = numerics_make_model(devices, kind, layers, loss, &s);
+    castor_dataset *ds = numerics_make_dataset(&d, loss);
     double *p = params_as_doubles(m);
     double loss_sum = 0;
     int hits = 0;
@@ -335,10 +278,10 @@ static void fit_means(const char *devices, castor_strategy_kind kind, castor_los
                       int batch)
 {
     data d;
-    make_data(&d, 8);
+    numerics_make_data(&d, 8);
     castor_strategy *s = NULL;
-    castor_model *m = make_model_lr(devices, kind, "6:tanh,3", loss, 1e-30f, &s);
-    castor_dataset *ds = make_dataset(&d, loss);
+    castor_model *m = numerics_make_model_lr(devices, kind, "6:tanh,3", loss, 1e-30f, &s);
+    castor_dataset *ds = numerics_make_dataset(&d, loss);
     double *p = params_as_doubles(m);
     seen_steps seen = {0};
     castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
@@ -404,11 +347,11 @@ static void epoch_sees_every_sample(const char *devices, castor_strategy_kind ki
                                     int shuffle)
 {
     data d;
-    make_data(&d, 10);
+    numerics_make_data(&d, 10);
     castor_strategy *s = NULL;
-    castor_model *m = make_model_lr(devices, kind, "6:tanh,3", CASTOR_LOSS_SOFTMAX_XENT, 1e-30f,
-                                    &s);
-    castor_dataset *ds = make_dataset(&d, CASTOR_LOSS_SOFTMAX_XENT);
+    castor_model *m = numerics_make_model_lr(devices, kind, "6:tanh,3", CASTOR_LOSS_SOFTMAX_XENT,
+                                             1e-30f, &s);
+    castor_dataset *ds = numerics_make_dataset(&d, CASTOR_LOSS_SOFTMAX_XENT);
     castor_metrics all;
     cr_assert_eq(castor_model_evaluate(m, ds, NS, &all), CASTOR_OK, "%s",
                  castor_model_errmsg(m));
@@ -453,7 +396,7 @@ Test(numerics, an_epoch_trains_on_every_sample_once)
 static void optimizer_steps(const char *devices, castor_strategy_kind kind, castor_optimizer opt)
 {
     data d;
-    make_data(&d, 6);
+    numerics_make_data(&d, 6);
     castor_strategy *s = NULL;
     cr_assert_eq(castor_strategy_create(&s, kind, devices, NULL), CASTOR_OK);
     castor_model *m = NULL;
@@ -461,7 +404,7 @@ static void optimizer_steps(const char *devices, castor_strategy_kind kind, cast
     cr_assert_eq(castor_model_add_layers(m, "6:tanh,3"), CASTOR_OK);
     cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, &opt, 9), CASTOR_OK, "%s",
                  castor_model_errmsg(m));
-    castor_dataset *ds = make_dataset(&d, CASTOR_LOSS_SOFTMAX_XENT);
+    castor_dataset *ds = numerics_make_dataset(&d, CASTOR_LOSS_SOFTMAX_XENT);
     stepper st;
     stepper_init(&st, m, ds, &d, 4);
     size_t np = st.np;
@@ -516,214 +459,4 @@ Test(numerics, optimizers_step_by_step)
         for (int k = 0; k < 2; k++)
             for (int o = 0; o < 5; o++)
                 optimizer_steps(device_lists[i], (castor_strategy_kind)k, opts[o]);
-}
-
-/* A variable gone NaN (a diverged step) must show in the loss, whatever
- * activation lies between it and the output: PyTorch's and TensorFlow's
- * ReLU pass a NaN on. Castor's ReLU made it 0, so a model with a NaN in a
- * kernel under a ReLU reported a finite loss, trained on, and was saved
- * with its NaN, while nothing (the CLI's divergence warning included) saw. */
-Test(numerics, a_nan_variable_shows_in_the_loss)
-{
-    data d;
-    make_data(&d, 8);
-    static const char *const layers[] = {"6:relu,3", "6:tanh,3", "6:sigmoid,3",
-                                         "6:tanh,4:relu,3"};
-    for (size_t i = 0; i < sizeof layers / sizeof *layers; i++)
-        for (int k = 0; k < 2; k++) {
-            castor_strategy *s = NULL;
-            castor_model *m = make_model("cpu:2", (castor_strategy_kind)k, layers[i],
-                                         CASTOR_LOSS_SOFTMAX_XENT, &s);
-            castor_dataset *ds = make_dataset(&d, CASTOR_LOSS_SOFTMAX_XENT);
-            /* One kernel weight of the first layer, as a diverged step leaves it
-             * (set_params refuses NaN; a checkpoint or a step does not). */
-            size_t np = castor_model_num_params(m);
-            float *p = malloc(np * sizeof *p);
-            cr_assert_eq(castor_model_get_params(m, p, np), CASTOR_OK);
-            p[0] = NAN;
-            memcpy(m->params.ptr, p, np * sizeof *p);
-            m->params_version++;
-            m->host_params_current = 1;
-            cr_assert_eq(m->strategy->ops->push(m), CASTOR_OK);
-            castor_metrics met;
-            cr_assert_eq(castor_model_evaluate(m, ds, 4, &met), CASTOR_OK, "%s",
-                         castor_model_errmsg(m));
-            cr_assert(isnan(met.loss), "%s %s: evaluate's loss is %g with a NaN variable",
-                      layers[i], castor_strategy_kind_name((castor_strategy_kind)k), met.loss);
-            castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
-            fo.batch_size = 4;
-            castor_metrics epoch;
-            cr_assert_eq(castor_model_fit(m, ds, &fo, &epoch), CASTOR_OK, "%s",
-                         castor_model_errmsg(m));
-            cr_assert(isnan(epoch.loss), "%s %s: fit's loss is %g with a NaN variable",
-                      layers[i], castor_strategy_kind_name((castor_strategy_kind)k),
-                      epoch.loss);
-            free(p);
-            castor_dataset_free(ds);
-            castor_model_free(m);
-            castor_strategy_free(s);
-        }
-}
-
-/* Seed 9's data with inputs of 1e30: Adam's v overflows (g * g = inf) while
- * its update, m / (sqrt(inf) + eps), is 0 and the variables stay finite. */
-static void make_overflowing_data(data *d)
-{
-    make_data(d, 9);
-    for (int i = 0; i < NS * NF; i++)
-        d->x[i] *= 1e30f;
-}
-
-/* NF -> 3, softmax cross-entropy, seed 5, compiled on s with opt (NULL:
- * Adam's defaults). */
-static castor_model *compile_3(castor_strategy *s, const castor_optimizer *opt)
-{
-    castor_model *m = NULL;
-    cr_assert_eq(castor_model_create(&m, NF), CASTOR_OK);
-    cr_assert_eq(castor_model_add_layers(m, "3"), CASTOR_OK);
-    cr_assert_eq(castor_model_compile(m, s, CASTOR_LOSS_SOFTMAX_XENT, opt, 5), CASTOR_OK);
-    return m;
-}
-
-/* castor_model_all_finite sees a diverged optimizer state, not only a
- * diverged variable: inputs of 1e30 make Adam's v overflow (g * g = inf)
- * while its update, m / (sqrt(inf) + eps), is 0 and every variable stays
- * finite; the next step's v is inf - inf = NaN, so such a model cannot
- * train on. Then a plain SGD step of the same gradients makes the
- * variables themselves infinite. Central and mirrored on cpu:2. */
-Test(numerics, all_finite_sees_the_optimizer_state)
-{
-    data d;
-    make_overflowing_data(&d);
-    for (int k = 0; k < 2; k++) {
-        const char *kind = castor_strategy_kind_name((castor_strategy_kind)k);
-        castor_strategy *s = NULL;
-        cr_assert_eq(castor_strategy_create(&s, (castor_strategy_kind)k, "cpu:2", NULL),
-                     CASTOR_OK);
-        castor_model *m = compile_3(s, NULL);
-        castor_dataset *ds = make_dataset(&d, CASTOR_LOSS_SOFTMAX_XENT);
-        int finite = -1;
-        cr_assert_eq(castor_model_all_finite(m, &finite), CASTOR_OK);
-        cr_assert_eq(finite, 1, "%s: a fresh model is not finite", kind);
-        castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
-        fo.batch_size = NS;
-        fo.max_steps = 1;
-        castor_metrics met;
-        cr_assert_eq(castor_model_fit(m, ds, &fo, &met), CASTOR_OK, "%s",
-                     castor_model_errmsg(m));
-        size_t np = castor_model_num_params(m);
-        float *p = malloc(np * sizeof *p);
-        cr_assert_eq(castor_model_get_params(m, p, np), CASTOR_OK);
-        for (size_t i = 0; i < np; i++)
-            cr_assert(isfinite(p[i]), "%s: variable %zu is %g: the test needs them finite", kind,
-                      i, p[i]);
-        cr_assert_eq(castor_model_all_finite(m, &finite), CASTOR_OK, "%s",
-                     castor_model_errmsg(m));
-        cr_assert_eq(finite, 0, "%s: Adam's v overflowed, and all_finite says finite", kind);
-        free(p);
-        castor_model_free(m);
-        /* SGD: the variables themselves. */
-        castor_optimizer sgd = castor_optimizer_defaults(CASTOR_OPT_SGD);
-        sgd.learning_rate = 1e30f;
-        m = compile_3(s, &sgd);
-        cr_assert_eq(castor_model_fit(m, ds, &fo, &met), CASTOR_OK);
-        cr_assert_eq(castor_model_all_finite(m, &finite), CASTOR_OK);
-        cr_assert_eq(finite, 0, "%s: SGD's step made the variables infinite, all_finite says "
-                     "finite", kind);
-        cr_assert_eq(castor_model_all_finite(m, NULL), CASTOR_MISUSE);
-        cr_assert_eq(castor_model_all_finite(NULL, &finite), CASTOR_MISUSE);
-        castor_dataset_free(ds);
-        castor_model_free(m);
-        castor_strategy_free(s);
-    }
-}
-
-/* A model whose training diverged trains on (castor.h, castor_model_fit):
- * fit refuses only what a load placed. Setting finite variables on it made
- * fit refuse it all the same, saying its optimizer state was "loaded from
- * the checkpoint" that it never was: set_params flagged the state that
- * training had made infinite as if a load had placed it. Found by
- * tests/fuzz/fuzz_api.c. Central and mirrored on cpu:2. */
-Test(numerics, set_params_on_a_model_diverged_in_training_trains_on)
-{
-    data d;
-    make_overflowing_data(&d);
-    for (int k = 0; k < 2; k++) {
-        const char *kind = castor_strategy_kind_name((castor_strategy_kind)k);
-        castor_strategy *s = NULL;
-        cr_assert_eq(castor_strategy_create(&s, (castor_strategy_kind)k, "cpu:2", NULL),
-                     CASTOR_OK);
-        castor_model *m = compile_3(s, NULL);
-        castor_dataset *ds = make_dataset(&d, CASTOR_LOSS_SOFTMAX_XENT);
-        castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
-        fo.batch_size = NS;
-        fo.max_steps = 1;
-        cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s", castor_model_errmsg(m));
-        int finite = -1;
-        cr_assert_eq(castor_model_all_finite(m, &finite), CASTOR_OK);
-        cr_assert_eq(finite, 0, "%s: the test needs a diverged optimizer state", kind);
-        cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s: a diverged model "
-                     "trains on: %s", kind, castor_model_errmsg(m));
-        size_t np = castor_model_num_params(m);
-        float *p = malloc(np * sizeof *p);
-        cr_assert(p);
-        for (size_t i = 0; i < np; i++)
-            p[i] = 0.01f * (float)i;
-        cr_assert_eq(castor_model_set_params(m, p, np), CASTOR_OK, "%s",
-                     castor_model_errmsg(m));
-        int64_t step = castor_model_step(m);
-        cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK, "%s: fit after set_params: "
-                     "%s", kind, castor_model_errmsg(m));
-        cr_assert_eq(castor_model_step(m), step + 1, "%s", kind);
-        free(p);
-        castor_dataset_free(ds);
-        castor_model_free(m);
-        castor_strategy_free(s);
-    }
-}
-
-/* set_params on a healthy model keeps the count of optimizer steps that
- * Adam's bias correction reads: 3 steps, the variables set to themselves,
- * 3 more train as 6 in a row. A central model whose host copy of the count
- * stayed at compile's 0 restarted the correction there. cpu:2. */
-Test(numerics, set_params_keeps_the_optimizer_step)
-{
-    data d;
-    make_data(&d, 4);
-    castor_optimizer adam = castor_optimizer_defaults(CASTOR_OPT_ADAM);
-    adam.learning_rate = 0.01f;
-    for (int k = 0; k < 2; k++) {
-        float *got[2];
-        size_t np = 0;
-        for (int pause = 0; pause < 2; pause++) {
-            castor_strategy *s = NULL;
-            cr_assert_eq(castor_strategy_create(&s, (castor_strategy_kind)k, "cpu:2", NULL),
-                         CASTOR_OK);
-            castor_model *m = compile_3(s, &adam);
-            castor_dataset *ds = make_dataset(&d, CASTOR_LOSS_SOFTMAX_XENT);
-            castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
-            fo.epochs = 3;
-            fo.batch_size = 4;
-            fo.shuffle = 0;
-            fo.max_steps = 3;
-            np = castor_model_num_params(m);
-            got[pause] = malloc(np * sizeof(float));
-            cr_assert(got[pause]);
-            cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK);
-            if (pause) {
-                cr_assert_eq(castor_model_get_params(m, got[pause], np), CASTOR_OK);
-                cr_assert_eq(castor_model_set_params(m, got[pause], np), CASTOR_OK);
-            }
-            cr_assert_eq(castor_model_fit(m, ds, &fo, NULL), CASTOR_OK);
-            cr_assert_eq(castor_model_get_params(m, got[pause], np), CASTOR_OK);
-            castor_dataset_free(ds);
-            castor_model_free(m);
-            castor_strategy_free(s);
-        }
-        cr_assert(memcmp(got[0], got[1], np * sizeof(float)) == 0,
-                  "%s: set_params changed the steps after it",
-                  castor_strategy_kind_name((castor_strategy_kind)k));
-        free(got[0]);
-        free(got[1]);
-    }
 }
