@@ -110,8 +110,6 @@ static double ref_sample(const castor_model *m, const double *p, const data *d, 
     return loss;
 }
 
-/* An epoch of plain SGD, one step at a time, each checked against
- * params - lr * (mean gradient over the step's rows). */
 /* One training step at a time against the reference: the variables before
  * the step (as floats, and as doubles in p), after it, and g, the reference
  * gradient at "before" of the rows the step trained on (their mean). */
@@ -161,6 +159,8 @@ static void stepper_free(stepper *st)
     free(st->before), free(st->after), free(st->p), free(st->g);
 }
 
+/* An epoch of plain SGD, one step at a time, each checked against
+ * params - lr * (mean gradient over the step's rows). */
 static void sgd_steps(const char *devices, castor_strategy_kind kind, const char *layers,
                       castor_loss loss, int batch)
 {
