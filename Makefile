@@ -150,13 +150,22 @@ NVCC_DEPFLAGS = -MMD -MP -MF $(@:.o=.d)
 # objects out of date.
 CUDA_FLAGS_STAMP = $(BUILD)/cuda-flags
 ifneq ($(NVCC),)
-  $(shell mkdir -p $(BUILD) && { printf '%s\n' '$(NVCC) $(NVCCFLAGS)' | cmp -s - $(CUDA_FLAGS_STAMP) || \
-      printf '%s\n' '$(NVCC) $(NVCCFLAGS)' > $(CUDA_FLAGS_STAMP); })
+  $(shell mkdir -p $(BUILD) && \
+      { printf '%s\n' '$(NVCC) $(NVCCFLAGS) $(NVCC_SANITIZE)' | cmp -s - $(CUDA_FLAGS_STAMP) || \
+      printf '%s\n' '$(NVCC) $(NVCCFLAGS) $(NVCC_SANITIZE)' > $(CUDA_FLAGS_STAMP); })
 endif
+
+# SANITIZE for the host code of the .cu files: nvcc hands the host compiler
+# -Xcompiler's argument split at commas, so -fsanitize=address,undefined goes
+# as -fsanitize=address and -fsanitize=undefined, each behind its -Xcompiler.
+# Kept out of NVCCFLAGS so that overriding NVCCFLAGS keeps it.
+nvcc_host_flag = $(if $(findstring $(comma),$1),$(addprefix $(firstword $(subst =, ,$1))=,\
+                     $(subst $(comma), ,$(patsubst $(firstword $(subst =, ,$1))=%,%,$1))),$1)
+NVCC_SANITIZE = $(foreach f,$(SANITIZE),$(foreach g,$(call nvcc_host_flag,$f),-Xcompiler $g))
 
 $(BUILD)/obj/%.cu.o: %.cu $(CUDA_FLAGS_STAMP)
 	@mkdir -p $(@D)
-	$(NVCC) $(NVCCFLAGS) $(NVCC_DEPFLAGS) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) $(NVCC_SANITIZE) $(NVCC_DEPFLAGS) -c $< -o $@
 
 # ---- install ----
 # The program, the header, both libraries (the shared one as
@@ -215,6 +224,7 @@ check: deps-check $(BUILD)/castor-tests $(BUILD)/castor-alloc-tests $(BUILD)/cas
 	OPENBLAS_NUM_THREADS=1 $(BUILD)/castor-alloc-tests $(CRITERION_FLAGS)
 	bash tests/alloc/allocators.sh $(BUILD)/libcastor.a $(ALLOC_WRAP)
 	bash tests/symbols.sh $(BUILD)/libcastor.a
+	bash tests/cuda_sanitize_flags.sh
 	bash tests/install_test.sh $(BUILD)
 	bash tests/cli_test.sh $(BUILD)/castor
 	bash tests/bench_smoke.sh $(BUILD)/castor
@@ -255,9 +265,9 @@ check-sanitize: deps-check
 	    $(BUILD)/tsan/castor-tsan-tests
 	OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 $(BUILD)/tsan/castor-tsan-tests
 
-# The CUDA backend's host side (and the library around it) under ASan and
-# UBSan, on a machine with a GPU; without one the GPU tests skip as in
-# check-gpu. protect_shadow_gap=0: the CUDA driver maps memory where ASan
+# The CUDA backend's host side (the .cu files' host code: NVCC_SANITIZE) and
+# the library around it under ASan and UBSan, on a machine with a GPU;
+# without one the GPU tests skip as in check-gpu. protect_shadow_gap=0: the CUDA driver maps memory where ASan
 # keeps its shadow gap. Device memory errors are compute-sanitizer's
 # (scripts/gpu-sanitize, which runs this too).
 gpu-asan-tests: deps-check
