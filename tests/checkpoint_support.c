@@ -169,3 +169,103 @@ void ckpt_teardown(fixture *fx)
     free(fx->good);
     free(fx->bad);
 }
+
+parts ckpt_split_file(const char *path)
+{
+    size_t len;
+    unsigned char *b = ckpt_slurp(path, &len);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--)
+        hl = (hl << 8) | b[i];
+    cr_assert(hl <= len - 8);
+    parts p;
+    p.header = malloc(hl + 1);
+    memcpy(p.header, b + 8, hl);
+    p.header[hl] = '\0';
+    for (size_t h = hl; h && p.header[h - 1] == ' '; h--)
+        p.header[h - 1] = '\0';  /* the padding; ckpt_image() adds it again */
+    p.data_len = len - 8 - (size_t)hl;
+    p.data = malloc(p.data_len ? p.data_len : 1);
+    memcpy(p.data, b + 8 + hl, p.data_len);
+    free(b);
+    return p;
+}
+
+void ckpt_parts_free(parts *p)
+{
+    free(p->header);
+    free(p->data);
+}
+
+void ckpt_edit(parts *p, const char *from, const char *to)
+{
+    char *at = strstr(p->header, from);
+    cr_assert(at, "'%s' not in the header", from);
+    cr_assert(!strstr(at + 1, from), "'%s' is in the header twice", from);
+    size_t len = strlen(p->header) - strlen(from) + strlen(to);
+    char *h = malloc(len + 1);
+    size_t pre = (size_t)(at - p->header);
+    memcpy(h, p->header, pre);
+    strcpy(h + pre, to);
+    strcat(h, at + strlen(from));
+    free(p->header);
+    p->header = h;
+}
+
+static void write_parts(const parts *p, const char *path)
+{
+    size_t len;
+    unsigned char *b = ckpt_image(p->header, p->data, p->data_len, &len);
+    cr_assert_eq(support_write_file(path, b, len), 0);
+    free(b);
+}
+
+void ckpt_expect_load_fails(fixture *fx, const char *path, int code, const char *fragment)
+{
+    int rc = castor_model_load(fx->m, path);
+    const char *msg = castor_model_errmsg(fx->m);
+    cr_assert_eq(rc, code, "load gave %d (%s), expected %d", rc, msg, code);
+    cr_assert(strstr(msg, path), "the message does not name the file: %s", msg);
+    cr_assert(strstr(msg, fragment), "'%s' not in: %s", fragment, msg);
+    cr_assert(!strchr(msg, '\n'), "not one line: %s", msg);
+    snap after = ckpt_take(fx->m);
+    ckpt_assert_same(&fx->before, &after, "after a failed load");
+    ckpt_snap_free(&after);
+    /* and training still works on it */
+    ckpt_train_steps(fx->m, fx->ds, 1);
+    castor_model_free(fx->m);
+    fx->m = ckpt_make_model(fx->s, LAYERS, ckpt_make_opt(CASTOR_OPT_ADAM), 9);
+    ckpt_train_steps(fx->m, fx->ds, 2);
+}
+
+void ckpt_write_bad(fixture *fx, void (*mutate)(parts *))
+{
+    parts p = ckpt_split_file(fx->good);
+    mutate(&p);
+    write_parts(&p, fx->bad);
+    ckpt_parts_free(&p);
+}
+
+void ckpt_corrupt_case(void (*mutate)(parts *), int code, const char *fragment)
+{
+    fixture fx;
+    ckpt_setup(&fx);
+    ckpt_write_bad(&fx, mutate);
+    ckpt_expect_load_fails(&fx, fx.bad, code, fragment);
+    /* open() reports the same problem */
+    castor_strategy *s = ckpt_make_strategy(CASTOR_STRATEGY_CENTRAL, "cpu");
+    castor_model *m = NULL;
+    cr_assert_eq(castor_model_open(&m, fx.bad, s), code);
+    cr_assert(m && strstr(castor_model_errmsg(m), fx.bad), "%s", castor_model_errmsg(m));
+    /* The failed handle carries the message, nothing more: the strategy
+     * takes another model while it lives (a file found bad after compile
+     * left a model of fresh weights bound to it, which trained and saved). */
+    castor_model *ok = ckpt_make_model(s, LAYERS, ckpt_make_opt(CASTOR_OPT_ADAM), 1);
+    castor_fit_options fo = CASTOR_FIT_OPTIONS_INIT;
+    cr_assert_eq(castor_model_fit(m, fx.ds, &fo, NULL), CASTOR_MISUSE);
+    cr_assert_eq(castor_model_save(m, fx.bad), CASTOR_MISUSE);
+    castor_model_free(ok);
+    castor_model_free(m);
+    castor_strategy_free(s);
+    ckpt_teardown(&fx);
+}

@@ -1,7 +1,8 @@
 /*
  * What the checkpoint suites (tests/test_checkpoint*.c) share: a small
  * synthetic data set and model, snapshots of everything a checkpoint holds,
- * file helpers, and a fixture with a good checkpoint to load or spoil.
+ * file helpers, a fixture with a good checkpoint to load or spoil, and the
+ * edits that spoil it.
  */
 #ifndef CASTOR_TEST_CHECKPOINT_SUPPORT_H
 #define CASTOR_TEST_CHECKPOINT_SUPPORT_H
@@ -62,5 +63,28 @@ typedef struct fixture {
  * differently to load into. */
 void ckpt_setup(fixture *fx);
 void ckpt_teardown(fixture *fx);
+
+/* A checkpoint split into its header text and data section. */
+typedef struct parts {
+    char *header;
+    unsigned char *data;
+    size_t data_len;
+} parts;
+
+/* The file at path split (the header's padding left out; ckpt_image() adds
+ * it again); ckpt_parts_free it. */
+parts ckpt_split_file(const char *path);
+void ckpt_parts_free(parts *p);
+/* Replace the one occurrence of `from` in the header with `to`. */
+void ckpt_edit(parts *p, const char *from, const char *to);
+/* Loading `path` fails with `code`, a message naming it and holding
+ * `fragment`; the model is as it was; open fails the same way. */
+void ckpt_expect_load_fails(fixture *fx, const char *path, int code, const char *fragment);
+/* fx->bad: fx->good changed by mutate. */
+void ckpt_write_bad(fixture *fx, void (*mutate)(parts *));
+/* The good file changed by mutate: load and open both refuse it with code
+ * and fragment (ckpt_expect_load_fails), and open's failed handle holds the
+ * message and nothing else. */
+void ckpt_corrupt_case(void (*mutate)(parts *), int code, const char *fragment);
 
 #endif
