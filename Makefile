@@ -267,9 +267,9 @@ check-sanitize: deps-check
 
 # The CUDA backend's host side (the .cu files' host code: NVCC_SANITIZE) and
 # the library around it under ASan and UBSan, on a machine with a GPU;
-# without one the GPU tests skip as in check-gpu. protect_shadow_gap=0: the CUDA driver maps memory where ASan
-# keeps its shadow gap. Device memory errors are compute-sanitizer's
-# (scripts/gpu-sanitize, which runs this too).
+# without one the GPU tests skip as in check-gpu. protect_shadow_gap=0: the
+# CUDA driver maps memory where ASan keeps its shadow gap. Device memory
+# errors are compute-sanitizer's (scripts/gpu-sanitize, which runs this too).
 gpu-asan-tests: deps-check
 	$(MAKE) --no-print-directory BUILD=$(BUILD)/asan-cuda OPT=-O1 SANITIZE="$(ASAN_FLAGS)" \
 	    $(BUILD)/asan-cuda/castor-gpu-tests
