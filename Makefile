@@ -106,8 +106,8 @@ THREAD_WRAP = pthread_create
 ALLOC_TEST_SRC = $(wildcard tests/alloc/*.c)
 ALLOC_TEST_OBJ = $(ALLOC_TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/tests/support.o
 
-.PHONY: all lib cli check check-gpu check-gpu-sanitize gpu-asan-tests check-sanitize demo bench fuzz clean deps deps-check info-build \
-        install uninstall
+.PHONY: all lib cli check check-gpu check-gpu-sanitize gpu-asan-tests check-sanitize demo bench \
+        fuzz clean deps deps-check info-build install uninstall
 SHELL := /bin/bash
 
 all: info-build lib cli
