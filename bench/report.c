@@ -352,12 +352,24 @@ int bench_write_csv(const char *path, const bench_config *c, const bench_result 
 
 /* ---- JSON --------------------------------------------------------------- */
 
+/* Each builder below returns its object whole, or NULL (out of memory: it
+ * frees what it built), so that a report is never written without a field
+ * that could not be allocated; bench_write_json then fails. */
+static cJSON *whole_or_null(cJSON *o, int bad)
+{
+    if (!bad)
+        return o;
+    cJSON_Delete(o);
+    return NULL;
+}
+
 static cJSON *int_array(const int *v, int n)
 {
     cJSON *a = cJSON_CreateArray();
+    int bad = !a;
     for (int i = 0; a && i < n; i++)
-        cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
-    return a;
+        bad |= cli_json_append(a, cJSON_CreateNumber(v[i]));
+    return whole_or_null(a, bad);
 }
 
 static cJSON *json_config(const bench_config *c)
@@ -365,27 +377,29 @@ static cJSON *json_config(const bench_config *c)
     cJSON *o = cJSON_CreateObject();
     if (!o)
         return NULL;
-    cli_json_str(o, "devices", c->devices);
-    cli_json_int(o, "replicas", c->replicas);
+    int bad = 0;
+    bad |= cli_json_str(o, "devices", c->devices);
+    bad |= cli_json_int(o, "replicas", c->replicas);
     cJSON *st = cJSON_AddArrayToObject(o, "strategies");
+    bad |= !st;
     for (int i = 0; st && i < c->n_strategies; i++)
-        cJSON_AddItemToArray(st, cJSON_CreateString(kind_name(c->strategies[i])));
-    cJSON_AddItemToObject(o, "widths", int_array(c->widths, c->n_widths));
-    cJSON_AddItemToObject(o, "depths", int_array(c->depths, c->n_depths));
-    cJSON_AddItemToObject(o, "batches", int_array(c->batches, c->n_batches));
-    cli_json_int(o, "steps", c->steps);
-    cli_json_int(o, "warmup", c->warmup);
-    cli_json_int(o, "input", c->input);
-    cli_json_int(o, "classes", c->classes);
-    cli_json_str(o, "optimizer", castor_optimizer_kind_name(c->optimizer));
-    cli_json_str(o, "loss", "softmax_xent");
-    cli_json_str(o, "hidden_activation", "relu");
-    cli_json_u64(o, "seed", c->seed);
-    cli_json_int(o, "device_memory_budget", (int64_t)c->device_memory);
-    cli_json_int(o, "host_threads", c->host_threads);
-    cli_json_bool(o, "tf32", c->tf32);
-    cli_json_bool(o, "quick", c->quick);
-    return o;
+        bad |= cli_json_append(st, cJSON_CreateString(kind_name(c->strategies[i])));
+    bad |= cli_json_add(o, "widths", int_array(c->widths, c->n_widths));
+    bad |= cli_json_add(o, "depths", int_array(c->depths, c->n_depths));
+    bad |= cli_json_add(o, "batches", int_array(c->batches, c->n_batches));
+    bad |= cli_json_int(o, "steps", c->steps);
+    bad |= cli_json_int(o, "warmup", c->warmup);
+    bad |= cli_json_int(o, "input", c->input);
+    bad |= cli_json_int(o, "classes", c->classes);
+    bad |= cli_json_str(o, "optimizer", castor_optimizer_kind_name(c->optimizer));
+    bad |= cli_json_str(o, "loss", "softmax_xent");
+    bad |= cli_json_str(o, "hidden_activation", "relu");
+    bad |= cli_json_u64(o, "seed", c->seed);
+    bad |= cli_json_int(o, "device_memory_budget", (int64_t)c->device_memory);
+    bad |= cli_json_int(o, "host_threads", c->host_threads);
+    bad |= cli_json_bool(o, "tf32", c->tf32);
+    bad |= cli_json_bool(o, "quick", c->quick);
+    return whole_or_null(o, bad);
 }
 
 static cJSON *json_limits(const bench_limits *L)
@@ -393,78 +407,86 @@ static cJSON *json_limits(const bench_limits *L)
     cJSON *o = cJSON_CreateObject();
     if (!o)
         return NULL;
-    cli_json_str(o, "backend", L->backend);
-    cli_json_int(o, "replicas", L->replicas);
-    cli_json_int(o, "copy_bytes", (int64_t)L->copy_bytes);
-    cli_json_int(o, "copy_min_bytes", (int64_t)L->copy_min_bytes);
-    cli_json_int(o, "copy_cpu_span_bytes", (int64_t)L->copy_span);
-    cli_json_int(o, "last_level_cache_bytes", (int64_t)L->llc_bytes);
-    cli_json_bool(o, "copy_host_pinned", L->copy_pinned);
-    cli_json_num(o, "h2d_bytes_per_s", L->h2d_all);
-    cli_json_num(o, "d2h_bytes_per_s", L->d2h_all);
-    cli_json_num(o, "both_directions_bytes_per_s", L->both_all);
-    cli_json_num(o, "h2d_one_replica_bytes_per_s", L->h2d_one);
-    cli_json_num(o, "d2h_one_replica_bytes_per_s", L->d2h_one);
-    cli_json_str(o, "copy_method",
-                 "fastest of timed copies through the device interface (copy_h2d / copy_d2h on "
-                 "their own streams, then synchronize) between host buffers (pinned by CUDA "
-                 "where a GPU is among the devices) and device memory, after one untimed, at "
-                 "every size from copy_min_bytes to copy_bytes by factors of 4 (each trial "
-                 "copying copy_bytes per device); h2d/d2h/both_directions: every replica at "
-                 "once, bytes summed over the replicas. cuda: every copy between the same "
-                 "buffers of copy_bytes (pinned PCIe copies do not depend on the CPU caches). "
-                 "cpu (emulated devices, memcpy): every copy to the next region of buffers of "
-                 "copy_cpu_span_bytes (twice last_level_cache_bytes, where host memory allows), "
-                 "so no copy finds its bytes in a cache, as a training step's copies of "
-                 "megabytes between distinct buffers do not");
-    cli_json_num(o, "host_memory_bytes_per_s", L->triad_bw);
-    cli_json_int(o, "host_threads", L->host_threads);
-    cli_json_int(o, "triad_elements", (int64_t)L->triad_elems);
-    cli_json_str(o, "host_memory_method",
-                 "triad a[i] = b[i] + s*c[i] on float arrays split over the host pool, fastest "
-                 "of repeats after one untimed; counted as 12 bytes per element (reads of b and "
-                 "c, write of a; the write-allocate read of a is not counted, as in STREAM)");
-    cli_json_num(o, "host_optimizer_params_per_s", L->host_opt_rate);
+    int bad = 0;
+    bad |= cli_json_str(o, "backend", L->backend);
+    bad |= cli_json_int(o, "replicas", L->replicas);
+    bad |= cli_json_int(o, "copy_bytes", (int64_t)L->copy_bytes);
+    bad |= cli_json_int(o, "copy_min_bytes", (int64_t)L->copy_min_bytes);
+    bad |= cli_json_int(o, "copy_cpu_span_bytes", (int64_t)L->copy_span);
+    bad |= cli_json_int(o, "last_level_cache_bytes", (int64_t)L->llc_bytes);
+    bad |= cli_json_bool(o, "copy_host_pinned", L->copy_pinned);
+    bad |= cli_json_num(o, "h2d_bytes_per_s", L->h2d_all);
+    bad |= cli_json_num(o, "d2h_bytes_per_s", L->d2h_all);
+    bad |= cli_json_num(o, "both_directions_bytes_per_s", L->both_all);
+    bad |= cli_json_num(o, "h2d_one_replica_bytes_per_s", L->h2d_one);
+    bad |= cli_json_num(o, "d2h_one_replica_bytes_per_s", L->d2h_one);
+    bad |= cli_json_str(o, "copy_method",
+                        "fastest of timed copies through the device interface (copy_h2d / "
+                        "copy_d2h on their own streams, then synchronize) between host buffers "
+                        "(pinned by CUDA where a GPU is among the devices) and device memory, "
+                        "after one untimed, at every size from copy_min_bytes to copy_bytes by "
+                        "factors of 4 (each trial copying copy_bytes per device); "
+                        "h2d/d2h/both_directions: every replica at once, bytes summed over the "
+                        "replicas. cuda: every copy between the same buffers of copy_bytes "
+                        "(pinned PCIe copies do not depend on the CPU caches). cpu (emulated "
+                        "devices, memcpy): every copy to the next region of buffers of "
+                        "copy_cpu_span_bytes (twice last_level_cache_bytes, where host memory "
+                        "allows), so no copy finds its bytes in a cache, as a training step's "
+                        "copies of megabytes between distinct buffers do not");
+    bad |= cli_json_num(o, "host_memory_bytes_per_s", L->triad_bw);
+    bad |= cli_json_int(o, "host_threads", L->host_threads);
+    bad |= cli_json_int(o, "triad_elements", (int64_t)L->triad_elems);
+    bad |= cli_json_str(o, "host_memory_method",
+                        "triad a[i] = b[i] + s*c[i] on float arrays split over the host pool, "
+                        "fastest of repeats after one untimed; counted as 12 bytes per element "
+                        "(reads of b and c, write of a; the write-allocate read of a is not "
+                        "counted, as in STREAM)");
+    bad |= cli_json_num(o, "host_optimizer_params_per_s", L->host_opt_rate);
     cJSON *hs = cJSON_AddArrayToObject(o, "host_step");
+    bad |= !hs;
     for (int i = 0; hs && i < L->n_host_costs; i++) {
         cJSON *e = cJSON_CreateObject();
-        if (!e)
+        if (cli_json_append(hs, e)) {
+            bad = 1;
             break;
-        cli_json_int(e, "params", (int64_t)L->host_costs[i].params);
-        cli_json_num(e, "reduce_seconds", L->host_costs[i].reduce_s);
-        cli_json_num(e, "update_seconds", L->host_costs[i].opt_s);
-        cli_json_num(e, "central_update_seconds", L->host_costs[i].central_s);
-        cli_json_num(e, "cpu_replica_updates_seconds", L->host_costs[i].replica_opt_s);
-        cJSON_AddItemToArray(hs, e);
+        }
+        bad |= cli_json_int(e, "params", (int64_t)L->host_costs[i].params);
+        bad |= cli_json_num(e, "reduce_seconds", L->host_costs[i].reduce_s);
+        bad |= cli_json_num(e, "update_seconds", L->host_costs[i].opt_s);
+        bad |= cli_json_num(e, "central_update_seconds", L->host_costs[i].central_s);
+        bad |= cli_json_num(e, "cpu_replica_updates_seconds", L->host_costs[i].replica_opt_s);
     }
-    cli_json_str(o, "host_step_method",
-                 "castor's host kernels at each model size of the grid, alone on the host "
-                 "threads: the sum of every replica's gradient (castor__reduce_sum) and one "
-                 "optimizer update (castor__optim_apply), central's pass that does both "
-                 "(castor__host_update), and each emulated CPU replica's update "
-                 "at once on its replica thread (mirrored), fastest of repeats after one "
-                 "untimed; the host term of the lower bound");
+    bad |= cli_json_str(o, "host_step_method",
+                        "castor's host kernels at each model size of the grid, alone on the host "
+                        "threads: the sum of every replica's gradient (castor__reduce_sum) and "
+                        "one optimizer update (castor__optim_apply), central's pass that does "
+                        "both (castor__host_update), and each emulated CPU replica's update at "
+                        "once on its replica thread (mirrored), fastest of repeats after one "
+                        "untimed; the host term of the lower bound");
     cJSON *g = cJSON_AddArrayToObject(o, "gemm");
+    bad |= !g;
     for (int i = 0; g && i < L->n_gemms; i++) {
         const bench_gemm *x = &L->gemms[i];
         cJSON *e = cJSON_CreateObject();
-        if (!e)
+        if (cli_json_append(g, e)) {
+            bad = 1;
             break;
-        cli_json_bool(e, "trans_a", x->ta);
-        cli_json_bool(e, "trans_b", x->tb);
-        cli_json_int(e, "m", x->m);
-        cli_json_int(e, "n", x->n);
-        cli_json_int(e, "k", x->k);
-        cli_json_num(e, "seconds", x->seconds);
-        cli_json_num(e, "flops_per_s", x->gflops * 1e9);
-        cJSON_AddItemToArray(g, e);
+        }
+        bad |= cli_json_bool(e, "trans_a", x->ta);
+        bad |= cli_json_bool(e, "trans_b", x->tb);
+        bad |= cli_json_int(e, "m", x->m);
+        bad |= cli_json_int(e, "n", x->n);
+        bad |= cli_json_int(e, "k", x->k);
+        bad |= cli_json_num(e, "seconds", x->seconds);
+        bad |= cli_json_num(e, "flops_per_s", x->gflops * 1e9);
     }
-    cli_json_str(o, "gemm_method",
-                 "each shape (C m x n = op(A) m x k . op(B)) run on every replica's device at "
-                 "once, repeated, fastest trial per call; flops_per_s = 2mnk x replicas / seconds");
-    cli_json_num(o, "seconds", L->seconds);
-    cli_json_str(o, "note", L->note);
-    return o;
+    bad |= cli_json_str(o, "gemm_method",
+                        "each shape (C m x n = op(A) m x k . op(B)) run on every replica's "
+                        "device at once, repeated, fastest trial per call; flops_per_s = 2mnk x "
+                        "replicas / seconds");
+    bad |= cli_json_num(o, "seconds", L->seconds);
+    bad |= cli_json_str(o, "note", L->note);
+    return whole_or_null(o, bad);
 }
 
 static cJSON *json_run(const bench_config *c, const bench_result *x)
@@ -472,55 +494,57 @@ static cJSON *json_run(const bench_config *c, const bench_result *x)
     cJSON *o = cJSON_CreateObject();
     if (!o)
         return NULL;
-    cli_json_str(o, "strategy", kind_name(x->strategy));
-    cli_json_str(o, "devices", c->devices);
-    cli_json_int(o, "replicas", x->replicas);
-    cli_json_int(o, "width", x->width);
-    cli_json_int(o, "depth", x->depth);
-    cli_json_int(o, "batch", x->batch);
-    cli_json_int(o, "params", (int64_t)x->params);
-    cli_json_bool(o, "ok", x->ok);
+    int bad = 0;
+    bad |= cli_json_str(o, "strategy", kind_name(x->strategy));
+    bad |= cli_json_str(o, "devices", c->devices);
+    bad |= cli_json_int(o, "replicas", x->replicas);
+    bad |= cli_json_int(o, "width", x->width);
+    bad |= cli_json_int(o, "depth", x->depth);
+    bad |= cli_json_int(o, "batch", x->batch);
+    bad |= cli_json_int(o, "params", (int64_t)x->params);
+    bad |= cli_json_bool(o, "ok", x->ok);
     if (!x->ok) {
-        cli_json_str(o, "error", x->error);
-        return o;
+        bad |= cli_json_str(o, "error", x->error);
+        return whole_or_null(o, bad);
     }
-    cli_json_int(o, "steps", x->steps);
-    cli_json_num(o, "step_seconds", x->step_median);
-    cli_json_num(o, "step_seconds_min", x->step_min);
-    cli_json_num(o, "step_seconds_max", x->step_max);
-    cli_json_num(o, "samples_per_s", x->samples_per_s);
-    cli_json_num(o, "h2d_bytes_per_step", x->h2d_per_step);
-    cli_json_num(o, "d2h_bytes_per_step", x->d2h_per_step);
-    cli_json_num(o, "expected_h2d_bytes_per_step", x->expected_h2d);
-    cli_json_num(o, "expected_d2h_bytes_per_step", x->expected_d2h);
-    cli_json_bool(o, "bytes_as_expected", x->bytes_as_expected);
-    cli_json_num(o, "bus_bytes_per_s", x->bus_bw);
-    cli_json_num(o, "seconds_replicas", x->sec_replicas);
-    cli_json_num(o, "seconds_reduce", x->sec_reduce);
-    cli_json_num(o, "seconds_update", x->sec_update);
-    cli_json_num(o, "seconds_total", x->sec_total);
-    cli_json_num(o, "host_update_params_per_s", x->host_update_rate);
-    cli_json_int(o, "device_peak_bytes", (int64_t)x->device_peak);
-    cli_json_int(o, "host_pinned_bytes", (int64_t)x->host_pinned);
-    cli_json_num(o, "host_rss_peak_bytes", x->rss_run);
-    cli_json_str(o, "host_rss_peak_scope", x->rss_run_scoped ? "run" : "process");
-    cli_json_num(o, "host_maxrss_process_bytes", x->rss_process);
-    cli_json_num(o, "loss", x->loss);
+    bad |= cli_json_int(o, "steps", x->steps);
+    bad |= cli_json_num(o, "step_seconds", x->step_median);
+    bad |= cli_json_num(o, "step_seconds_min", x->step_min);
+    bad |= cli_json_num(o, "step_seconds_max", x->step_max);
+    bad |= cli_json_num(o, "samples_per_s", x->samples_per_s);
+    bad |= cli_json_num(o, "h2d_bytes_per_step", x->h2d_per_step);
+    bad |= cli_json_num(o, "d2h_bytes_per_step", x->d2h_per_step);
+    bad |= cli_json_num(o, "expected_h2d_bytes_per_step", x->expected_h2d);
+    bad |= cli_json_num(o, "expected_d2h_bytes_per_step", x->expected_d2h);
+    bad |= cli_json_bool(o, "bytes_as_expected", x->bytes_as_expected);
+    bad |= cli_json_num(o, "bus_bytes_per_s", x->bus_bw);
+    bad |= cli_json_num(o, "seconds_replicas", x->sec_replicas);
+    bad |= cli_json_num(o, "seconds_reduce", x->sec_reduce);
+    bad |= cli_json_num(o, "seconds_update", x->sec_update);
+    bad |= cli_json_num(o, "seconds_total", x->sec_total);
+    bad |= cli_json_num(o, "host_update_params_per_s", x->host_update_rate);
+    bad |= cli_json_int(o, "device_peak_bytes", (int64_t)x->device_peak);
+    bad |= cli_json_int(o, "host_pinned_bytes", (int64_t)x->host_pinned);
+    bad |= cli_json_num(o, "host_rss_peak_bytes", x->rss_run);
+    bad |= cli_json_str(o, "host_rss_peak_scope", x->rss_run_scoped ? "run" : "process");
+    bad |= cli_json_num(o, "host_maxrss_process_bytes", x->rss_process);
+    bad |= cli_json_num(o, "loss", x->loss);
     cJSON *b = cJSON_AddObjectToObject(o, "lower_bound");
+    bad |= !b;
     if (b) {
-        cli_json_num(b, "seconds", x->lower_bound);
-        cli_json_str(b, "bound_by", x->bound_by);
-        cli_json_num(b, "ratio", x->ratio);
-        cli_json_num(b, "serial_seconds", x->serial_bound);
-        cli_json_num(b, "serial_ratio", x->serial_ratio);
-        cli_json_num(b, "transfer_seconds", x->t_transfer);
-        cli_json_num(b, "compute_seconds", x->t_compute);
-        cli_json_num(b, "host_seconds", x->t_host);
-        cli_json_num(b, "step_flops", x->flops);
-        cli_json_num(b, "gemm_flops_per_s", x->flops / x->t_compute);
-        cli_json_num(b, "host_memory_bytes_per_step", x->host_bytes);
+        bad |= cli_json_num(b, "seconds", x->lower_bound);
+        bad |= cli_json_str(b, "bound_by", x->bound_by);
+        bad |= cli_json_num(b, "ratio", x->ratio);
+        bad |= cli_json_num(b, "serial_seconds", x->serial_bound);
+        bad |= cli_json_num(b, "serial_ratio", x->serial_ratio);
+        bad |= cli_json_num(b, "transfer_seconds", x->t_transfer);
+        bad |= cli_json_num(b, "compute_seconds", x->t_compute);
+        bad |= cli_json_num(b, "host_seconds", x->t_host);
+        bad |= cli_json_num(b, "step_flops", x->flops);
+        bad |= cli_json_num(b, "gemm_flops_per_s", x->flops / x->t_compute);
+        bad |= cli_json_num(b, "host_memory_bytes_per_step", x->host_bytes);
     }
-    return o;
+    return whole_or_null(o, bad);
 }
 
 int bench_write_json(const char *path, const bench_config *c, const bench_limits *L,
@@ -532,61 +556,67 @@ int bench_write_json(const char *path, const bench_config *c, const bench_limits
         snprintf(err, errlen, "%s: out of memory", path);
         return -1;
     }
+    int bad = 0;
     char when[64] = "";
     time_t now = time(NULL);
     struct tm tm;
     if (gmtime_r(&now, &tm))
         strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    cli_json_str(root, "castor_version", castor_version());
-    cli_json_str(root, "build_features", castor_build_features());
-    cli_json_str(root, "date", when);
-    cli_json_int(root, "cpu_cores", castor__cpu_count());
-    cli_json_num(root, "other_processes_cpu_before", c->others_before);
-    cli_json_num(root, "other_processes_cpu_during", c->others_during);
-    cli_json_int(root, "other_processes_cpus", c->others_cpus);
-    cli_json_str(root, "other_processes_method",
-                 "the busy time of the other_processes_cpus CPUs in this process's affinity mask "
-                 "(their per-CPU lines of /proc/stat: user, nice, system, irq, softirq, steal) "
-                 "less this process's own CPU time, over wall time x those CPUs, within 0..1: "
-                 "before = a 0.25 s look before anything is measured, during = the limits and "
-                 "every run; CPUs outside the mask are not counted, and a cgroup CPU quota does "
-                 "not change which CPUs are (cpu_cores may then be fewer)");
-    cJSON_AddItemToObject(root, "config", json_config(c));
-    cJSON_AddItemToObject(root, "limits", json_limits(L));
-    cli_json_str(root, "lower_bound_method",
-                 "seconds = max(transfer, compute, host): a lower bound for any implementation, "
-                 "but one only an implementation that overlaps transfer, compute and host work "
-                 "completely could reach; castor runs them one after another (the replicas' "
-                 "copies and GEMMs, then the host's sum and update; on GPUs its copies overlap "
-                 "the GEMMs layer by layer), so its ratio sits well above 1 even at their "
-                 "limits. serial_seconds = transfer + compute + host: the bound for phases that "
-                 "run one after another, as castor's do; serial_ratio = step_seconds / "
-                 "serial_seconds (near 1: castor's phases are at their limits; a step may come "
-                 "under it on GPUs, whose copies overlap the GEMMs, and on emulated devices with "
-                 "a model small enough for the last-level cache, whose copies beat the memory "
-                 "rate of limits.copy_method); serial_seconds / seconds: the most that "
-                 "overlapping the phases could win. transfer = max(h2d/h2d_rate, d2h/d2h_rate, "
-                 "(h2d+d2h)/both_directions_rate) with the bytes the replica loop should move "
-                 "(expected_h2d/d2h_bytes_per_step), not the run's own counts, so that a "
-                 "strategy copying more than it should gets no larger bound (bytes_as_expected: "
-                 "whether the counts h2d/d2h_bytes_per_step were within 1% of them); compute = "
-                 "sum of the step's GEMM times (forward x W, backward x^T dy and, above the "
-                 "first layer, dy W^T) at the busiest replica's rows, measured with every "
-                 "replica at once; host = castor's own host kernels timed alone at the run's "
-                 "parameter count (limits.host_step): the sum of the replicas' gradients where "
-                 "it runs on the host (central; mirrored with several replicas neither sharing "
-                 "one device nor on a GPU each, or without NCCL), plus the optimizer update "
-                 "wherever it runs in host memory (central: once on the host threads; mirrored: "
-                 "every emulated CPU device's at once, one thread each); "
-                 "host_memory_bytes_per_step gives the bytes those kernels move. Not counted: "
-                 "elementwise kernels, mirrored's all-reduce on the devices (NCCL, or on a "
-                 "device its replicas share: cuda:IxK, cpu:1xK) and its optimizer update on GPUs "
-                 "(no device memory rate is measured), so the bound only gets looser.");
+    bad |= cli_json_str(root, "castor_version", castor_version());
+    bad |= cli_json_str(root, "build_features", castor_build_features());
+    bad |= cli_json_str(root, "date", when);
+    bad |= cli_json_int(root, "cpu_cores", castor__cpu_count());
+    bad |= cli_json_num(root, "other_processes_cpu_before", c->others_before);
+    bad |= cli_json_num(root, "other_processes_cpu_during", c->others_during);
+    bad |= cli_json_int(root, "other_processes_cpus", c->others_cpus);
+    bad |= cli_json_str(root, "other_processes_method",
+                        "the busy time of the other_processes_cpus CPUs in this process's "
+                        "affinity mask (their per-CPU lines of /proc/stat: user, nice, system, "
+                        "irq, softirq, steal) less this process's own CPU time, over wall time x "
+                        "those CPUs, within 0..1: before = a 0.25 s look before anything is "
+                        "measured, during = the limits and every run; CPUs outside the mask are "
+                        "not counted, and a cgroup CPU quota does not change which CPUs are "
+                        "(cpu_cores may then be fewer)");
+    bad |= cli_json_add(root, "config", json_config(c));
+    bad |= cli_json_add(root, "limits", json_limits(L));
+    bad |= cli_json_str(root, "lower_bound_method",
+                        "seconds = max(transfer, compute, host): a lower bound for any "
+                        "implementation, but one only an implementation that overlaps transfer, "
+                        "compute and host work completely could reach; castor runs them one "
+                        "after another (the replicas' copies and GEMMs, then the host's sum and "
+                        "update; on GPUs its copies overlap the GEMMs layer by layer), so its "
+                        "ratio sits well above 1 even at their limits. serial_seconds = transfer "
+                        "+ compute + host: the bound for phases that run one after another, as "
+                        "castor's do; serial_ratio = step_seconds / serial_seconds (near 1: "
+                        "castor's phases are at their limits; a step may come under it on GPUs, "
+                        "whose copies overlap the GEMMs, and on emulated devices with a model "
+                        "small enough for the last-level cache, whose copies beat the memory "
+                        "rate of limits.copy_method); serial_seconds / seconds: the most that "
+                        "overlapping the phases could win. transfer = max(h2d/h2d_rate, "
+                        "d2h/d2h_rate, (h2d+d2h)/both_directions_rate) with the bytes the "
+                        "replica loop should move (expected_h2d/d2h_bytes_per_step), not the "
+                        "run's own counts, so that a strategy copying more than it should gets "
+                        "no larger bound (bytes_as_expected: whether the counts "
+                        "h2d/d2h_bytes_per_step were within 1% of them); compute = sum of the "
+                        "step's GEMM times (forward x W, backward x^T dy and, above the first "
+                        "layer, dy W^T) at the busiest replica's rows, measured with every "
+                        "replica at once; host = castor's own host kernels timed alone at the "
+                        "run's parameter count (limits.host_step): the sum of the replicas' "
+                        "gradients where it runs on the host (central; mirrored with several "
+                        "replicas neither sharing one device nor on a GPU each, or without "
+                        "NCCL), plus the optimizer update wherever it runs in host memory "
+                        "(central: once on the host threads; mirrored: every emulated CPU "
+                        "device's at once, one thread each); host_memory_bytes_per_step gives "
+                        "the bytes those kernels move. Not counted: elementwise kernels, "
+                        "mirrored's all-reduce on the devices (NCCL, or on a device its replicas "
+                        "share: cuda:IxK, cpu:1xK) and its optimizer update on GPUs (no device "
+                        "memory rate is measured), so the bound only gets looser.");
     cJSON *runs = cJSON_AddArrayToObject(root, "runs");
+    bad |= !runs;
     for (int i = 0; runs && i < n; i++)
-        cJSON_AddItemToArray(runs, json_run(c, &r[i]));
-    cli_json_num(root, "wall_seconds", wall_seconds);
-    char *text = cJSON_Print(root);
+        bad |= cli_json_append(runs, json_run(c, &r[i]));
+    bad |= cli_json_num(root, "wall_seconds", wall_seconds);
+    char *text = bad ? NULL : cJSON_Print(root);
     cJSON_Delete(root);
     if (!text) {
         snprintf(err, errlen, "%s: out of memory", path);

@@ -8,8 +8,7 @@
 
 #include "args.h"
 
-/* Adds item (NULL: creating it failed) to obj, or frees it. */
-static int add_item(cJSON *obj, const char *key, cJSON *item)
+int cli_json_add(cJSON *obj, const char *key, cJSON *item)
 {
     if (!item)
         return -1;
@@ -20,9 +19,20 @@ static int add_item(cJSON *obj, const char *key, cJSON *item)
     return 0;
 }
 
+int cli_json_append(cJSON *array, cJSON *item)
+{
+    if (!item)
+        return -1;
+    if (!cJSON_AddItemToArray(array, item)) {
+        cJSON_Delete(item);
+        return -1;
+    }
+    return 0;
+}
+
 int cli_json_num(cJSON *obj, const char *key, double v)
 {
-    return add_item(obj, key, isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull());
+    return cli_json_add(obj, key, isfinite(v) ? cJSON_CreateNumber(v) : cJSON_CreateNull());
 }
 
 /* Integers are written as their exact digits: cJSON prints a double with
@@ -30,7 +40,7 @@ int cli_json_num(cJSON *obj, const char *key, double v)
  * --seed 9007199254740991 came out as 9.00719925474099e+15, another seed. */
 static int add_digits(cJSON *obj, const char *key, const char *digits)
 {
-    return add_item(obj, key, cJSON_CreateRaw(digits));
+    return cli_json_add(obj, key, cJSON_CreateRaw(digits));
 }
 
 int cli_json_u64(cJSON *obj, const char *key, uint64_t v)
@@ -128,7 +138,7 @@ int cli_json_str(cJSON *obj, const char *key, const char *v)
         return -1;
     cJSON *item = clean ? cJSON_CreateString(clean) : cJSON_CreateNull();
     free(clean);
-    return add_item(obj, key, item);
+    return cli_json_add(obj, key, item);
 }
 
 int cli_json_bool(cJSON *obj, const char *key, int v)

@@ -17,6 +17,11 @@ int cli_json_u64(cJSON *obj, const char *key, uint64_t v);
 int cli_json_float(cJSON *obj, const char *key, float v);
 int cli_json_str(cJSON *obj, const char *key, const char *v);
 int cli_json_bool(cJSON *obj, const char *key, int v);
+/* Add item under key to obj (cli_json_add) or at the end of array
+ * (cli_json_append); item NULL (creating it failed) or a failed add gives
+ * -1, and item is freed: nothing is lost or leaked on the way out. */
+int cli_json_add(cJSON *obj, const char *key, cJSON *item);
+int cli_json_append(cJSON *array, cJSON *item);
 /* Print obj as one line on stdout; 0, or -1 on failure. */
 int cli_json_print_line(const cJSON *obj);
 
